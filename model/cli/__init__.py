@@ -1,0 +1,48 @@
+"""`servecast` command line. Each command group lives in its own module with a `register(app)`;
+this module only assembles them and turns user errors into one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from model.errors import ServecastError
+
+COMMAND_MODULES = ("hardware", "arch", "perf", "cache", "plan", "serve", "papers", "batch")
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Servecast: predict LLM serving performance and cost for agentic traffic.",
+)
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"model.cli.{_name}").register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: user errors print `servecast: error: ...` on stderr and exit 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except ServecastError as err:
+        print(f"servecast: error: {err}", file=sys.stderr)
+        return 2
+    except typer.Exit as done:
+        return done.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        print("servecast: aborted", file=sys.stderr)
+        return 130
+    except Exception as err:  # click usage errors carry their own one-line message
+        import click
+
+        if isinstance(err, click.ClickException):
+            print(f"servecast: error: {err.format_message()}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
