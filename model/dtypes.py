@@ -5,7 +5,7 @@ Scale overheads (OCP MX spec v1.0; NVIDIA NVFP4 blog 2025-06; DeepSeek V3 fp8 bl
 - fp8_block: e4m3 values, one fp32 scale per 128x128 weight block -> 8 + 32/16384 bits.
 - mxfp8 / mxfp4: one 8-bit E8M0 scale per 32 elements -> 8.25 / 4.25 bits.
 - nvfp4: one fp8 E4M3 scale per 16 elements (+ a per-tensor fp32, negligible) -> 4.5 bits.
-- int4_group128: w4a16 with an fp16 scale per 128 elements -> 4.125 bits.
+- int4_group128 / int4_group32: w4a16 with an fp16 scale per 128 / 32 elements -> 4.125 / 4.5 bits.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ _DTYPES = {
         DType("mxfp4", 4.0 + 8.0 / 32, "fp4"),
         DType("nvfp4", 4.0 + 8.0 / 16, "fp4"),
         DType("int4_group128", 4.0 + 16.0 / 128, "bf16"),
+        DType("int4_group32", 4.0 + 16.0 / 32, "bf16"),
     )
 }
 ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-           "float8_e4m3fn": "fp8", "e4m3": "fp8", "fp4": "nvfp4", "w4a16": "int4_group128"}
+           "float8_e4m3fn": "fp8", "e4m3": "fp8", "fp4": "nvfp4", "w4a16": "int4_group128", "w4a16_g32": "int4_group32"}
 
 
 def dtype(name: str) -> DType:
