@@ -1,5 +1,54 @@
-"""Placeholder until this command group lands."""
+"""`servecast plan`: the best deployment under a P90 interactivity SLO, its cost and launch lines."""
+
+from __future__ import annotations
+
+import typer
+
+from model.cli.output import emit
+from model.plan import DEFAULT_API_MODEL, DEFAULT_SCENARIO, MODES
 
 
-def register(app):
-    return None
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_command(
+        arch: str = typer.Option(DEFAULT_SCENARIO["arch"], "--arch", help="Architecture slug, "
+                                 "HF id or config.json path."),
+        hardware: str = typer.Option(DEFAULT_SCENARIO["hardware"], "--hardware",
+                                     help="Chip / system name or alias."),
+        gpus: int = typer.Option(DEFAULT_SCENARIO["gpus"], "--gpus", help="GPU budget."),
+        workload: str = typer.Option(DEFAULT_SCENARIO["workload"], "--workload",
+                                     help="Workload profile name or YAML path."),
+        slo_p90_interactivity: float = typer.Option(
+            DEFAULT_SCENARIO["slo_p90_interactivity"], "--slo-p90-interactivity",
+            help="Minimum P90 interactivity, tokens/s per user."),
+        long_prefill_token_threshold: int | None = typer.Option(
+            None, "--long-prefill-token-threshold",
+            help="Fix vLLM's per-request prefill cap (0 = off); searched when omitted."),
+        mode: str | None = typer.Option(None, "--mode", help="aggregated | disaggregated "
+                                        "(both when omitted)."),
+        prefill_hardware: str | None = typer.Option(None, "--prefill-hardware",
+                                                    help="A different chip for prefill workers."),
+        precision: str | None = typer.Option(None, "--precision", help="Serve the weights in "
+                                             "this format (the checkpoint's, e.g. fp8, mxfp8)."),
+        api_model: str = typer.Option(DEFAULT_API_MODEL, "--api-model",
+                                      help="API whose prices give the API-equivalent cost."),
+        cost_basis: str = typer.Option("owned", "--cost-basis",
+                                       help="owned | rental_low | rental_high | owned_model"),
+        pareto: bool = typer.Option(False, "--pareto", help="Include the Pareto front rows."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    ) -> None:
+        """Search parallelism, P/D ratio and concurrency; print the best deployment and its cost."""
+        from model.errors import ServecastError
+        from model.plan import plan
+
+        if mode is not None and mode not in MODES:
+            raise ServecastError(f"--mode {mode!r}: allowed {', '.join(MODES)}")
+        result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
+                      slo_p90_interactivity=slo_p90_interactivity,
+                      long_prefill_token_threshold=long_prefill_token_threshold,
+                      modes=(mode,) if mode else MODES, prefill_hardware=prefill_hardware,
+                      precision=precision, api_model=api_model, cost_basis=cost_basis)
+        out = result.contract()
+        if pareto:
+            out["pareto"] = result.pareto.to_dict(orient="records")
+        emit(out, as_json)

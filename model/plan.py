@@ -1,0 +1,660 @@
+"""`plan(...)`: the best deployment of a model on a chip for a workload under an interactivity SLO.
+
+Pipeline: workload -> traffic moments; every valid parallel plan per replica size
+(`model.parallel.enumerate_plans`) -> one step table each (`model.step`); candidates:
+aggregated (replicas x concurrency x engine knobs) and disaggregated (prefill plan x decode plan x
+xPyD ratio x decode batch), evaluated vectorized (`model.search`); the Pareto front of TPGS vs P90
+interactivity; the best candidate meeting the SLO; its cost (`model.cost`) and launch commands
+(`model.launch`). The two-stage P/D method (`model.disagg`) is reported as its own table.
+
+Documented assumptions (the same for every model and chip, no per-row factors):
+- traffic: the workload's request mix (AgentX: 20K requests, seed 0), think gaps capped at 300 s;
+- prefix caching: the workload's infinite-cache hit rate; sessions that do not fit in HBM reload
+  their KV from host memory over the host link (tiered offload, as the post runs Mooncake);
+- engine: vLLM defaults (8192 batched tokens, 256 seqs per DP rank), the calibrated engine factors
+  of `model.step`; thresholds searched among {off, 512, 2048}, prefill interval among {1, 2};
+- KV hand-off: only the turn's new tokens move (sticky sessions on decode), packed layout;
+- cost: owned TCO (SemiAnalysis `costh`, the post's basis); API equivalent from the workload's
+  own token mix at Opus 5 prices.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from model.cost import (
+    CostSummary,
+    OwnedCostInputs,
+    TokenMix,
+    gpu_hour_usd,
+    summarize_cost,
+    token_mix,
+)
+from model.disagg import Deployment, PhaseConfig, xpyd_grid
+from model.errors import Infeasible, ServecastError
+from model.parallel import ParallelPlan
+from model.search import (
+    StepTable,
+    Traffic,
+    best_under_slo,
+    evaluate_aggregated,
+    evaluate_disaggregated,
+    pareto_front,
+    step_grid,
+    traffic_from_workload,
+)
+
+DEFAULT_SCENARIO = {"arch": "deepseek-v4-pro", "hardware": "gb300-nvl72", "gpus": 12,
+                    "workload": "agentx", "slo_p90_interactivity": 50.0}
+DEFAULT_API_MODEL = "claude-opus-5"
+THRESHOLDS = (0, 512, 2048)
+INTERVALS = (1, 2)
+DECODE_BATCHES = np.unique(np.round(np.geomspace(1, 1024, 40)))
+MODES = ("aggregated", "disaggregated")
+
+
+@dataclass
+class PlanResult:
+    best: pd.Series
+    deployment: Deployment
+    candidates: pd.DataFrame
+    pareto: pd.DataFrame
+    saturation: pd.DataFrame
+    cost: CostSummary
+    launch_commands: dict[str, list[str]]
+    bottleneck: str
+    why: str
+    traffic: Traffic
+    assumptions: list[str] = field(default_factory=list)
+    search_seconds: float = 0.0
+
+    def contract(self) -> dict[str, object]:
+        """The `servecast plan --json` object (DESIGN.md command-line contract)."""
+        b = self.best
+        return {
+            "tpgs": float(b["tpgs"]),
+            "p90_interactivity_tok_s": float(b["p90_interactivity_tok_s"]),
+            "p90_ttft_s": float(b["p90_ttft_s"]),
+            "deployment": self.deployment.as_dict(),
+            "tco_usd_per_hour": self.cost.tco_usd_per_hour,
+            "usd_per_mtok": self.cost.usd_per_mtok,
+            "usd_per_mtok_by_class": self.cost.usd_per_mtok_by_class,
+            "api_equivalent_usd_per_hour": self.cost.api_equivalent_usd_per_hour,
+            "api_model": self.cost.api_model,
+            "cost_advantage": self.cost.cost_advantage,
+            "launch_commands": self.launch_commands,
+            "bottleneck": self.bottleneck,
+            "why": self.why,
+            "candidates": int(len(self.candidates)),
+            "pareto_points": int(len(self.pareto)),
+            "search_seconds": self.search_seconds,
+            "assumptions": self.assumptions,
+        }
+
+
+# ---------------------------------------------------------------- loading helpers
+
+def _load(arch, hardware, workload):
+    from model.architecture import load_architecture
+    from model.hardware import load_hardware
+    from model.workload import load_workload
+
+    a = load_architecture(arch) if isinstance(arch, str) else arch
+    h = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    w = load_workload(workload) if isinstance(workload, str) else workload
+    return a, h, w
+
+
+def api_price(name: str):
+    """Dated API price from `model.prices` (data/prices/)."""
+    from model.prices import api_price as lookup
+
+    return lookup(name)
+
+
+def _kv_bytes_per_token(arch, kv_dtype) -> float:
+    from model.kv import kv_bytes_per_token
+
+    return float(kv_bytes_per_token(arch, kv_dtype))
+
+
+def _sizes(budget: int, divisors_only: bool) -> list[int]:
+    if divisors_only:
+        return [g for g in range(1, budget + 1) if budget % g == 0]
+    pow2 = [2**i for i in range(0, 12) if 2**i <= budget]
+    return sorted(set(pow2 + [g for g in range(1, budget + 1) if budget % g == 0]))
+
+
+# ---------------------------------------------------------------- the search
+
+@dataclass
+class _PlanModel:
+    plan: ParallelPlan
+    hardware: str
+    step: object
+    table: StepTable
+    kv_tokens: float
+    tokens_per_step: float
+
+
+_MODEL_CACHE: dict[tuple, _PlanModel | None] = {}
+_PLANS_CACHE: dict[tuple, tuple[ParallelPlan, ...]] = {}
+_TRAFFIC_CACHE: dict[tuple, Traffic] = {}
+_REJECTED: dict[tuple, str] = {}  # last reason a plan's step model was infeasible
+
+
+def traffic_for(workload, hit_rate: float | None = None) -> Traffic:
+    """Traffic moments of a workload profile (kept for the process: profiles are immutable)."""
+    key = (workload.name, workload.source, workload.date, hit_rate)
+    if key not in _TRAFFIC_CACHE:
+        _TRAFFIC_CACHE[key] = traffic_from_workload(workload, hit_rate=hit_rate)
+    return _TRAFFIC_CACHE[key]
+GRID = {"p_max_per_rank": 8192, "b_max": 65536, "points": 36}
+
+
+def _plan_models(arch, hw, sizes, phases, traffic, precision, kv_dtype, chunk,
+                 max_dp: int, spec: tuple[int, float] = (0, 0.0)) -> list[_PlanModel]:
+    """A step model and step table for every valid plan of the given replica sizes. All tables
+    share one grid, so aggregated and disaggregated candidates reuse them; built tables are kept
+    for the process (same arch, chip, plan, precision, context and chunk)."""
+    from model.parallel import enumerate_plans
+    from model.step import build_step_model, with_precision
+
+    sized = with_precision(arch, precision)  # weights must fit at the serving precision
+    grid = step_grid(max(GRID["p_max_per_rank"], chunk) * max_dp, GRID["b_max"], GRID["points"])
+    arch_key = (arch.name, arch.weight_dtype, arch.source)
+    hw_name = getattr(hw, "name", str(hw))
+    seen, out = set(), []
+    for g in sizes:
+        for phase in phases:
+            plans_key = (arch_key, precision, hw_name, g, phase)
+            if plans_key not in _PLANS_CACHE:
+                _PLANS_CACHE[plans_key] = tuple(enumerate_plans(sized, hw, g, phase))
+            for plan in _PLANS_CACHE[plans_key]:
+                if plan in seen:
+                    continue
+                seen.add(plan)
+                key = (arch_key, hw_name, plan, precision, kv_dtype, round(traffic.context_mean),
+                       chunk, float(grid[0][-1]), spec)
+                if key not in _MODEL_CACHE:
+                    try:
+                        step = build_step_model(arch, hw, plan, precision=precision,
+                                                kv_dtype=kv_dtype, spec_tokens=spec[0],
+                                                spec_acceptance=spec[1])
+                    except Infeasible as err:
+                        _MODEL_CACHE[key] = None
+                        _REJECTED[(arch_key, hw_name)] = str(err)
+                        continue
+                    table = StepTable(step, traffic.context_mean, chunk, 0, 0, grid=grid)
+                    kv = float(np.asarray(step.kv_capacity_tokens(traffic.context_mean)))
+                    _MODEL_CACHE[key] = _PlanModel(plan, hw_name, step, table, kv, float(
+                        getattr(step, "tokens_per_decode_step", 1.0)))
+                if _MODEL_CACHE[key] is not None:
+                    out.append(_MODEL_CACHE[key])
+    return out
+
+
+def _host_reload_s_per_token(hw, kv_bytes_per_token: float, plan: ParallelPlan) -> float:
+    """Seconds per token to fetch an offloaded session's KV from host memory: each GPU pulls its
+    shard over its own host link."""
+    link = float(getattr(hw, "host_link_bandwidth_bytes_per_s", 0.0) or 0.0)
+    if link <= 0:
+        return float("inf")
+    return kv_bytes_per_token / (link * plan.attention_gpus)
+
+
+def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int, concurrency,
+                      thresholds, intervals, kv_bytes_per_token: float,
+                      max_num_batched_tokens: int = 8192) -> pd.DataFrame:
+    """Every (plan, threshold, interval, concurrency) of aggregated replicas, in one array pass."""
+    usable = [pm for pm in models if gpus % pm.plan.gpus == 0]
+    if not usable:
+        return pd.DataFrame()
+    table = StepTable.stack([pm.table for pm in usable])
+    rows = []  # (model index, threshold, interval)
+    for k, pm in enumerate(usable):
+        for thr in thresholds:
+            for interval in intervals:
+                if interval > 1 and pm.plan.dp == 1:
+                    continue  # the interval only aligns prefill across DP ranks
+                rows.append((k, thr, interval))
+    combo = np.array(rows, float)
+    conc = np.asarray(concurrency, float)
+    k = np.repeat(combo[:, 0].astype(int), len(conc))
+    thr = np.repeat(combo[:, 1], len(conc))
+    interval = np.repeat(combo[:, 2], len(conc))
+    c = np.tile(conc, len(combo))
+    attr = lambda f: np.array([f(pm) for pm in usable], float)[k]  # noqa: E731
+    replicas = attr(lambda pm: gpus // pm.plan.gpus)
+    reload = attr(lambda pm: _host_reload_s_per_token(hw, kv_bytes_per_token, pm.plan))
+    r = evaluate_aggregated(table, traffic, k, attr(lambda pm: pm.plan.dp),
+                            attr(lambda pm: pm.plan.pp), replicas, c, thr, interval,
+                            attr(lambda pm: pm.kv_tokens), attr(lambda pm: pm.tokens_per_step),
+                            np.where(np.isfinite(reload), reload, 0.0), max_num_batched_tokens)
+    labels = np.array([pm.plan.label() for pm in usable], object)[k]
+    ids = np.array([id(pm) for pm in usable], object)[k]
+    return pd.DataFrame({
+        "mode": "aggregated", "plan": labels, "decode_plan": labels,
+        "replicas": replicas.astype(int), "x": 0, "y": replicas.astype(int),
+        "concurrency": c.astype(int), "threshold": thr.astype(int),
+        "interval": interval.astype(int), "gpus": gpus,
+        "tpgs": r["tokens_per_s"] / gpus,
+        **{key: r[key] for key in ("p90_interactivity_tok_s", "p90_ttft_s", "mean_ttft_s",
+                                   "decode_batch", "step_time_s", "rate_rps", "limit",
+                                   "feasible")},
+        "_model": ids})
+
+
+def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: int,
+                         kv_bytes_per_token: float, link_bytes_per_s: float, chunk: int,
+                         slo: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Stage 1: saturation of every prefill-only and decode-only plan. Stage 2: every xPyD ratio
+    x decode batch of every plan pair, vectorized per (prefill size, decode size) group."""
+    sat_rows, cols = [], {}
+    if not prefill_models or not decode_models:
+        return pd.DataFrame(), pd.DataFrame(columns=["phase", "plan", "hardware", "gpus",
+                                                     "max_rps", "max_rps_per_gpu",
+                                                     "at_interactivity_tok_s"])
+    t_p = np.array([float(pm.table(chunk * pm.plan.dp, 0.0)) for pm in prefill_models])
+    chunk_p = np.array([chunk * pm.plan.dp for pm in prefill_models], float)
+    lam_p = chunk_p / t_p / traffic.uncached_mean
+    for pm, lam in zip(prefill_models, lam_p, strict=True):
+        sat_rows.append({"phase": "prefill", "plan": pm.plan.label(), "hardware": pm.hardware,
+                         "gpus": pm.plan.gpus, "max_rps": lam, "max_rps_per_gpu": lam / pm.plan.gpus,
+                         "at_interactivity_tok_s": np.nan})
+    batches = np.array([DECODE_BATCHES * pm.plan.dp for pm in decode_models])
+    steps = np.array([pm.table(0.0, b) for pm, b in zip(decode_models, batches, strict=True)])
+    tps = np.array([pm.tokens_per_step for pm in decode_models])[:, None]
+    kv_batch = np.array([pm.kv_tokens / traffic.context_mean for pm in decode_models])[:, None]
+    rate = batches * tps / (traffic.output_mean * steps)
+    inter = tps / steps
+    ok = (inter >= slo) & (batches <= kv_batch)
+    best = np.argmax(np.where(ok, rate, -1.0), axis=1)
+    for k, pm in enumerate(decode_models):
+        i, good = best[k], ok[k, best[k]]
+        sat_rows.append({"phase": "decode", "plan": pm.plan.label(), "hardware": pm.hardware,
+                         "gpus": pm.plan.gpus, "max_rps": rate[k, i] if good else 0.0,
+                         "max_rps_per_gpu": (rate[k, i] if good else 0.0) / pm.plan.gpus,
+                         "at_interactivity_tok_s": inter[k, i] if good else np.nan})
+    p_size = np.array([pm.plan.gpus for pm in prefill_models])
+    d_size = np.array([pm.plan.gpus for pm in decode_models])
+    senders = np.array([pm.plan.attention_gpus for pm in prefill_models], float)
+    for gp in np.unique(p_size):
+        for gd in np.unique(d_size):
+            xs, ys = xpyd_grid(int(gp), int(gd), gpus)
+            if len(xs) == 0:
+                continue
+            pi, di = np.flatnonzero(p_size == gp), np.flatnonzero(d_size == gd)
+            P = (slice(None), None, None, None)  # noqa: N806  (prefill plans axis)
+            D = (None, slice(None), None, None)  # noqa: N806
+            D2 = (None, slice(None), None, slice(None))  # noqa: N806
+            XY = (None, None, slice(None), None)  # noqa: N806
+            r = evaluate_disaggregated(
+                t_p[pi][P], gp, senders[pi][P], batches[di][D2], steps[di][D2], gd,
+                kv_batch[di][:, 0][D], xs[XY], ys[XY], traffic, chunk_p[pi][P],
+                kv_bytes_per_token, link_bytes_per_s, tps[di][:, 0][D])
+            shape = (len(pi), len(di), len(xs), batches.shape[1])
+            idx_p = np.broadcast_to(pi[P], shape).ravel()
+            idx_d = np.broadcast_to(di[D], shape).ravel()
+            r["_p"], r["_d"] = idx_p, idx_d
+            for key, val in r.items():
+                cols.setdefault(key, []).append(val)
+    if not cols:
+        return pd.DataFrame(), pd.DataFrame(sat_rows)
+    data = {k: np.concatenate(v) for k, v in cols.items()}
+    p_labels = np.array([pm.plan.label() for pm in prefill_models], object)
+    d_labels = np.array([pm.plan.label() for pm in decode_models], object)
+    p_ids = np.array([id(pm) for pm in prefill_models], object)
+    d_ids = np.array([id(pm) for pm in decode_models], object)
+    cands = pd.DataFrame({
+        "mode": "disaggregated", "plan": p_labels[data["_p"]], "decode_plan": d_labels[data["_d"]],
+        "replicas": 0, "threshold": 0, "interval": 1,
+        **{k: v for k, v in data.items() if not k.startswith("_")},
+        "limit": np.where(data["prefill_rps"] < data["decode_rps"], "prefill_rate",
+                          "decode_rate"),
+        "_model": p_ids[data["_p"]], "_decode_model": d_ids[data["_d"]]})
+    cands["concurrency"] = np.round(cands["concurrency"]).astype(int)
+    return cands, pd.DataFrame(sat_rows)
+
+
+def _bottleneck(pm: _PlanModel, row: pd.Series, traffic: Traffic) -> str:
+    """The step model's bottleneck label at the chosen operating point."""
+    try:
+        b = max(float(row.get("decode_batch", 1.0)), 1.0)
+        pre = 0.0 if row["mode"] == "disaggregated" else \
+            float(row["rate_rps"]) / max(row.get("replicas", 1), 1) * traffic.uncached_mean \
+            * float(row["step_time_s"])
+        info = pm.step.breakdown(pre, traffic.context_mean, b, traffic.context_mean)
+        return str(info.get("bottleneck", "unknown"))
+    except Exception:  # the label is explanatory; never fail the plan over it
+        return "unknown"
+
+
+def _runner_up(cands: pd.DataFrame, best: pd.Series, slo: float) -> str:
+    """The best candidate meeting the SLO in the other mode, for the 'why it wins' line."""
+    other = cands[(cands["mode"] != best["mode"]) & cands["feasible"]
+                  & (cands["p90_interactivity_tok_s"] >= slo)]
+    if other.empty:
+        return ""
+    o = other.loc[other["tpgs"].idxmax()]
+    name = o["plan"] if o["mode"] == "aggregated" else f"{o['plan']} -> {o['decode_plan']}"
+    return (f"; best {o['mode']} alternative {name} at {o['tpgs']:,.0f} TPGS "
+            f"(the chosen deployment serves {best['tpgs'] / o['tpgs']:.2f}x more)")
+
+
+def _why(row: pd.Series, bottleneck: str, slo: float) -> str:
+    limit = {"lanes": "client concurrency (every lane is served; more lanes break the SLO)",
+             "kv_capacity": "KV capacity (the decoding batch's contexts fill the HBM pool)",
+             "prefill_budget": "the per-step token budget (prefill-bound)",
+             "prefill_rate": "prefill workers' saturation rate",
+             "decode_rate": "decode workers' saturation rate at the SLO"}.get(
+        str(row.get("limit", "")), str(row.get("limit", "")))
+    return (f"highest TPGS among candidates with P90 interactivity >= {slo:g} tok/s; "
+            f"rate limited by {limit}; step bottleneck: {bottleneck}")
+
+
+def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workload="agentx",
+         slo_p90_interactivity: float = 50.0, long_prefill_token_threshold: int | None = None,
+         modes=MODES, prefill_hardware: str | None = None, precision: str | None = None,
+         kv_dtype: str | None = None, api_model: str = DEFAULT_API_MODEL,
+         cost_basis: str = "owned", concurrency=None, hit_rate: float | None = None,
+         max_num_batched_tokens: int = 8192, traffic: Traffic | None = None,
+         spec_tokens: int = 0, spec_acceptance: float = 0.0) -> PlanResult:
+    """Search deployments of `arch` on `gpus` x `hardware` for `workload`; the best under the SLO.
+
+    `long_prefill_token_threshold`: fix the threshold (else searched over THRESHOLDS);
+    `prefill_hardware`: a different chip for disaggregated prefill workers;
+    `spec_tokens` / `spec_acceptance`: MTP / draft speculative decoding (off by default: no
+    sourced acceptance rate for these models on AgentX traffic)."""
+    spec = (spec_tokens, spec_acceptance)
+    started = time.perf_counter()
+    if gpus < 1:
+        raise ServecastError(f"gpus={gpus}: must be >= 1")
+    for m in modes:
+        if m not in MODES:
+            raise ServecastError(f"mode {m!r}: allowed {', '.join(MODES)}")
+    a, hw, w = _load(arch, hardware, workload)
+    traffic = traffic or traffic_for(w, hit_rate)
+    kv_per_token = _kv_bytes_per_token(a, kv_dtype)
+    thresholds = THRESHOLDS if long_prefill_token_threshold is None else (
+        int(long_prefill_token_threshold),)
+    if concurrency is None:
+        concurrency = np.unique(np.round(np.geomspace(max(gpus // 2, 1), 96 * gpus, 40))).astype(int)
+    chunk = max_num_batched_tokens
+    frames, sat = [], pd.DataFrame()
+    models_by_id: dict[int, _PlanModel] = {}
+    if "aggregated" in modes:
+        # PCP replicates decode-side state, so it belongs to dedicated prefill workers (post)
+        agg_models = _plan_models(a, hw, _sizes(gpus, True), ("decode",), traffic, precision,
+                                  kv_dtype, chunk, gpus, spec)
+        models_by_id.update({id(m): m for m in agg_models})
+        frames.append(search_aggregated(agg_models, hw, traffic, gpus, concurrency, thresholds,
+                                        INTERVALS, kv_per_token, max_num_batched_tokens))
+    if "disaggregated" in modes and gpus >= 2:
+        phw = hw if prefill_hardware is None else _load(a, prefill_hardware, w)[1]
+        sizes = _sizes(gpus - 1, False)
+        p_models = _plan_models(a, phw, sizes, ("prefill",), traffic, precision, kv_dtype, chunk,
+                                gpus)
+        d_models = _plan_models(a, hw, sizes, ("decode",), traffic, precision, kv_dtype, chunk,
+                                gpus, spec)
+        models_by_id.update({id(m): m for m in p_models + d_models})
+        link = min(float(phw.scale_out_bandwidth_bytes_per_s),
+                   float(hw.scale_out_bandwidth_bytes_per_s))
+        d_frame, sat = search_disaggregated(p_models, d_models, traffic, gpus, kv_per_token, link,
+                                            chunk, slo_p90_interactivity)
+        frames.append(d_frame)
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        from model.params import weight_bytes
+        from model.step import with_precision
+
+        need = weight_bytes(with_precision(a, precision)) / 1e9
+        last = _REJECTED.get(((a.name, a.weight_dtype, a.source), getattr(hw, "name", str(hw))))
+        raise Infeasible(f"no parallel plan of {a.name} fits {gpus} x {getattr(hw, 'name', hw)}: "
+                         f"weights {need:,.0f} GB at {precision or a.weight_dtype} vs "
+                         f"{gpus * hw.hbm_bytes / 1e9:,.0f} GB HBM"
+                         + (f" (e.g. {last})" if last else "")
+                         + "; add GPUs or serve a smaller checkpoint (--precision fp8 / mxfp8 / "
+                         "nvfp4)")
+    cands = pd.concat(frames, ignore_index=True)
+    cands = cands[np.isfinite(cands["tpgs"]) & (cands["tpgs"] > 0)].reset_index(drop=True)
+    feasible = cands[cands["feasible"]]
+    front = pareto_front(feasible[["mode", "plan", "decode_plan", "replicas", "x", "y",
+                                   "concurrency", "threshold", "interval", "tpgs",
+                                   "p90_interactivity_tok_s", "p90_ttft_s", "limit", "gpus"]])
+    best = best_under_slo(cands, slo_p90_interactivity)
+    deployment = _deployment(best, models_by_id, a.name, max_num_batched_tokens,
+                             prefill_hardware or getattr(hw, "name", str(hw)))
+    shares = gpu_time_shares(best, models_by_id, traffic)
+    cost = _cost(best, deployment, hw, prefill_hardware, a, traffic, api_model, cost_basis, shares)
+    from model.launch import launch_commands
+
+    main_pm = models_by_id[int(best.get("_decode_model", best["_model"]))
+                           if best["mode"] == "disaggregated" else int(best["_model"])]
+    bottleneck = _bottleneck(main_pm, best, traffic)
+    elapsed = time.perf_counter() - started
+    return PlanResult(best=best, deployment=deployment, candidates=cands, pareto=front,
+                      saturation=sat, cost=cost, launch_commands=launch_commands(deployment),
+                      bottleneck=bottleneck,
+                      why=_why(best, bottleneck, slo_p90_interactivity)
+                      + _runner_up(cands, best, slo_p90_interactivity),
+                      traffic=traffic, assumptions=_assumptions(traffic, cost),
+                      search_seconds=elapsed)
+
+
+def _deployment(best: pd.Series, models_by_id, arch_name: str, budget_tokens: int,
+                prefill_hw_name: str) -> Deployment:
+    common = {"arch": arch_name, "concurrency": int(best["concurrency"]),
+              "max_num_batched_tokens": budget_tokens,
+              "long_prefill_token_threshold": int(best["threshold"]),
+              "prefill_schedule_interval": int(best["interval"])}
+    if best["mode"] == "aggregated":
+        pm = models_by_id[int(best["_model"])]
+        return Deployment(mode="aggregated", replica=PhaseConfig(pm.hardware, pm.step.plan,
+                                                                 int(best["replicas"])), **common)
+    ppm = models_by_id[int(best["_model"])]
+    dpm = models_by_id[int(best["_decode_model"])]
+    return Deployment(mode="disaggregated",
+                      prefill=PhaseConfig(prefill_hw_name, ppm.step.plan, int(best["x"])),
+                      decode=PhaseConfig(dpm.hardware, dpm.step.plan, int(best["y"])), **common)
+
+
+def gpu_time_shares(best: pd.Series, models_by_id, traffic: Traffic) -> dict[str, float]:
+    """Busy GPU time by token class at the chosen operating point, for $/Mtok by class:
+    output = the decode part of the step, uncached input = the prefill part on a short context,
+    cached input = the extra prefill time of attending the cached context (its KV reads).
+    Disaggregated: decode workers' GPUs are output's, prefill workers' are split the same way."""
+    try:
+        s = traffic.context_mean
+        short = max(traffic.uncached_mean, 1.0)
+        if best["mode"] == "aggregated":
+            pm = models_by_id[int(best["_model"])]
+            b = float(best["decode_batch"]) / max(pm.plan.pp, 1)
+            p = float(best["rate_rps"]) * traffic.uncached_mean * float(best["step_time_s"])
+            full = float(pm.step.step_time_s(p, s, b, s, max(p / short, 1.0)))
+            decode = float(pm.step.step_time_s(0.0, 0.0, b, s))
+            pre_short = float(pm.step.step_time_s(p, short, 0.0, 0.0, max(p / short, 1.0)))
+            pre_full = max(full - decode, 0.0)
+            cached = min(max(pre_full - pre_short, 0.0), pre_full)
+            return {"output": decode, "uncached_input": pre_full - cached, "cached_input": cached}
+        ppm = models_by_id[int(best["_model"])]
+        chunk = 8192.0 * ppm.plan.dp
+        full = float(ppm.step.step_time_s(chunk, s, 0.0, 0.0, chunk / short))
+        pre_short = float(ppm.step.step_time_s(chunk, short, 0.0, 0.0, chunk / short))
+        p_gpus = float(best["x"]) * ppm.plan.gpus
+        d_gpus = float(best["gpus"]) - p_gpus
+        cached_frac = min(max(full - pre_short, 0.0) / full, 1.0) if full > 0 else 0.0
+        return {"output": d_gpus, "uncached_input": p_gpus * (1 - cached_frac),
+                "cached_input": p_gpus * cached_frac}
+    except Exception:  # explanatory split only; the totals never depend on it
+        return {}
+
+
+def _cost(best, deployment: Deployment, hw, prefill_hardware, arch, traffic: Traffic,
+          api_model: str, basis: str, shares: dict[str, float] | None = None) -> CostSummary:
+    if deployment.mode == "disaggregated" and prefill_hardware:
+        from model.hardware import load_hardware
+
+        phw = load_hardware(prefill_hardware)
+        usd_hour = (gpu_hour_usd(phw, basis) * deployment.prefill.gpus
+                    + gpu_hour_usd(hw, basis) * deployment.decode.gpus)
+        per_gpu = usd_hour / deployment.gpus
+    else:
+        per_gpu = gpu_hour_usd(hw, basis)
+    mix = served_mix(traffic)
+    return summarize_cost(per_gpu, deployment.gpus, float(best["tpgs"]), api_price(api_model), mix,
+                          api_model=api_model, basis=basis, gpu_time_share=shares or None)
+
+
+def served_mix(traffic: Traffic) -> TokenMix:
+    return token_mix(traffic.context_mean, traffic.output_mean, traffic.hit_rate,
+                     source=f"{traffic.name} request mix (means)")
+
+
+def _assumptions(traffic: Traffic, cost: CostSummary) -> list[str]:
+    return [
+        f"traffic {traffic.name}: mean input {traffic.context_mean:,.0f} tok, uncached "
+        f"{traffic.uncached_mean:,.0f} (p90 {traffic.uncached_p90:,.0f}), output "
+        f"{traffic.output_mean:,.0f}, think gap {traffic.gap_mean_s:.1f} s (capped 300 s), "
+        f"hit {traffic.hit_rate:.3f}",
+        "sessions not resident in HBM reload KV from host memory (tiered offload)",
+        "disaggregated: only new tokens' KV moves to decode (sticky sessions), packed layout",
+        f"cost basis {cost.basis}; API equivalent at {cost.api_model} prices on the served mix",
+    ]
+
+
+def owned_cost_inputs_for(hw) -> OwnedCostInputs:
+    """The owned-cost model's inputs from a hardware spec (capex, power)."""
+    return OwnedCostInputs(capex_usd_per_gpu=float(hw.capex_usd_per_gpu),
+                           power_kw_per_gpu=float(hw.power_w) / 1e3)
+
+
+# ---------------------------------------------------------------- parallelism lessons
+
+def plan_family(plan: ParallelPlan) -> str:
+    """The strategy a plan represents, as the post names them."""
+    if plan.pp > 1:
+        return "PP"
+    if plan.pcp > 1:
+        return "PCP"
+    if plan.dcp > 1:
+        return "DCP"
+    if plan.dp > 1 and plan.ep > 1:
+        return "DEP"
+    if plan.dp > 1:
+        return "DP"
+    return "TP+EP" if plan.ep > 1 else "TP"
+
+
+def prefill_time_s(step, new_tokens: float, cached_tokens: float = 0.0,
+                   chunk: int = 8192) -> float:
+    """Time to prefill `new_tokens` after `cached_tokens` of cached prefix, one request alone,
+    in chunks of `chunk` tokens (vLLM chunked prefill); with pp stages the chunks pipeline:
+    (chunks + pp - 1) stage times (theory.md §4.4)."""
+    pp = step.plan.pp
+    n = int(np.ceil(new_tokens / chunk))
+    sizes = np.full(n, float(chunk))
+    sizes[-1] = new_tokens - chunk * (n - 1)
+    ctx = cached_tokens + np.cumsum(sizes)
+    t = np.asarray(step.step_time_s(sizes, ctx, 0.0, 0.0, 1.0), float)
+    if pp == 1:
+        return float(t.sum())
+    return float((t.sum() + (pp - 1) * t.max()) / pp)
+
+
+def step_model(arch, hardware, plan: ParallelPlan, precision=None, kv_dtype=None):
+    from model.step import build_step_model
+
+    a, hw, _ = _load(arch, hardware, "agentx")
+    return build_step_model(a, hw, plan, precision=precision, kv_dtype=kv_dtype)
+
+
+def best_by_family(result: PlanResult, slo: float, mode: str = "aggregated") -> pd.DataFrame:
+    """The best TPGS meeting the SLO per parallel family (of the replica, or of decode workers)."""
+    models = {}
+    for m in _MODEL_CACHE.values():
+        if m is not None:
+            models[m.plan.label()] = m.plan
+    df = result.candidates[(result.candidates["mode"] == mode) & result.candidates["feasible"]
+                           & (result.candidates["p90_interactivity_tok_s"] >= slo)].copy()
+    if df.empty:
+        return df
+    column = "plan" if mode == "aggregated" else "decode_plan"
+    df["family"] = [plan_family(models[label]) if label in models else "?" for label in df[column]]
+    best = df.sort_values("tpgs", ascending=False).groupby("family", as_index=False).first()
+    return best[["family", column, "tpgs", "p90_interactivity_tok_s", "p90_ttft_s",
+                 "concurrency"]].sort_values("tpgs", ascending=False).reset_index(drop=True)
+
+
+def decode_capacity_by_family(arch, hardware, gpus: int, context: float, output_tokens: float,
+                              slo: float) -> pd.DataFrame:
+    """Decode-only saturation (stage 1) of every decode plan of `gpus` GPUs at `context`:
+    the largest request rate with P90 interactivity >= slo within KV capacity, per plan."""
+    from model.parallel import enumerate_plans
+
+    a, hw, _ = _load(arch, hardware, "agentx")
+    rows = []
+    for p in enumerate_plans(a, hw, gpus, "decode"):
+        try:
+            st = step_model(a, hw, p)
+        except Infeasible:
+            continue
+        b = DECODE_BATCHES * p.dp
+        t = np.asarray(st.step_time_s(0.0, 0.0, b, context), float)
+        kv_batch = float(np.asarray(st.kv_capacity_tokens(context))) / context
+        rate = b / (output_tokens * t)
+        ok = (1 / t >= slo) & (b <= kv_batch)
+        i = int(np.argmax(np.where(ok, rate, -1)))
+        rows.append({"plan": p.label(), "family": plan_family(p),
+                     "max_decode_batch": float(b[i]) if ok[i] else 0.0,
+                     "kv_batch_capacity": kv_batch,
+                     "decode_tokens_per_s_per_gpu": float(rate[i] * output_tokens / gpus)
+                     if ok[i] else 0.0})
+    return pd.DataFrame(rows).sort_values("decode_tokens_per_s_per_gpu", ascending=False)
+
+
+# ---------------------------------------------------------------- the post's rows
+
+# vLLM AgentX post, results and cost tables (seed 000; research/theory.md §1.0). `precision` is
+# the served checkpoint, a fact of the deployment rather than a factor: MiniMax ships BF16 and
+# MXFP8 checkpoints (research/architectures.md, MiniMax-M3) and BF16 (852 GB) cannot fit 2 B300,
+# so the post served MXFP8; DeepSeek V4 Pro and Kimi K3 load at their checkpoints' formats.
+POST_ROWS = (
+    {"arch": "deepseek-v4-pro", "hardware": "gb300-nvl72", "gpus": 12, "precision": None,
+     "concurrency": 256, "tpgs": 83_000, "p90_interactivity_tok_s": 58.3,
+     "tco_usd_per_hour": 27.72, "api_usd_per_hour": 2926, "cost_advantage": 106},
+    {"arch": "minimax-m3", "hardware": "b300", "gpus": 2, "precision": "mxfp8",
+     "concurrency": 24, "tpgs": 70_000, "p90_interactivity_tok_s": 74.2,
+     "tco_usd_per_hour": 4.52, "api_usd_per_hour": 384, "cost_advantage": 85},
+    {"arch": "kimi-k3", "hardware": "gb300-nvl72", "gpus": 16, "precision": None,
+     "concurrency": 48, "tpgs": 11_800, "p90_interactivity_tok_s": 62.7,
+     "tco_usd_per_hour": 36.96, "api_usd_per_hour": 538, "cost_advantage": 14.6},
+)
+
+
+def reproduce_post(slo_p90_interactivity: float = 50.0, workload: str = "agentx",
+                   **plan_kwargs) -> pd.DataFrame:
+    """Plan each of the post's three deployments (same model, chip and GPU count) and compare
+    the predicted TPGS at the SLO with the published one. One row per deployment."""
+    rows = []
+    for post in POST_ROWS:
+        out = {"arch": post["arch"], "hardware": post["hardware"], "gpus": post["gpus"],
+               "published_tpgs": post["tpgs"],
+               "published_p90_interactivity_tok_s": post["p90_interactivity_tok_s"]}
+        try:
+            r = plan(post["arch"], post["hardware"], post["gpus"], workload,
+                     slo_p90_interactivity, precision=post["precision"], **plan_kwargs)
+            out.update({"predicted_tpgs": float(r.best["tpgs"]),
+                        "predicted_p90_interactivity_tok_s":
+                            float(r.best["p90_interactivity_tok_s"]),
+                        "deployment": r.deployment.label(), "bottleneck": r.bottleneck,
+                        "cost_advantage": r.cost.cost_advantage, "reason": ""})
+        except ServecastError as err:
+            out.update({"predicted_tpgs": float("nan"), "deployment": "", "reason": str(err)})
+        out["rel_error"] = out["predicted_tpgs"] / post["tpgs"] - 1
+        rows.append(out)
+    return pd.DataFrame(rows)

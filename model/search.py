@@ -1,0 +1,322 @@
+"""Deployment search: evaluate thousands of candidate deployments in closed form, vectorized, and
+keep the Pareto front of throughput (TPGS) vs P90 interactivity.
+
+Each candidate is a parallel plan per phase, an instance count (aggregated replicas, or x prefill
++ y decode workers), engine knobs and a client concurrency (closed-loop AgentX lanes). Per plan
+the step model is evaluated once on a grid of batch compositions (`StepTable`); every candidate is
+then a few numpy operations on that table, so a search over >10,000 candidates takes about a second.
+
+Serving model of an aggregated replica (closed loop, research/theory.md §6, §10, workloads.md §1.5):
+- `C` lanes per replica cycle through turns: queue + TTFT + O decode steps + think gap Z;
+- in steady state a step carries `B = r*O*T` decodes and `r*U*T` prefill tokens on average
+  (turn rate r, mean uncached tokens U, mean output O, mean step time T), solved by fixed point;
+- prefill arrives in chunks of at most `long_prefill_token_threshold` tokens per request (else the
+  whole remaining budget); per DP rank the chunks of a step are Poisson, and a DEP step waits for
+  its slowest rank (theory.md §4.3): this is how head-of-line blocking costs interactivity, and why
+  the threshold and `prefill_schedule_interval` help;
+- request rate is capped by the step token budget (prefill-bound) and by KV capacity for the
+  decoding batch; sessions not resident in HBM reload their KV from the host tier (offload);
+- P90 interactivity = decode tokens per step / (mean step + z90 * sd of the step mean over the
+  shortest decodes); P90 TTFT = the P90 request's prefill steps (+ reload) + queueing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from model.disagg import (
+    kv_transfer_time_s,
+    mdl_wait_s,
+    prefill_saturation_rps,
+    system_rate_rps,
+)
+from model.errors import ServecastError
+
+Z90 = 1.2816  # standard normal 90th percentile
+AGENTX_IDLE_CAP_S = 300.0  # InferenceX per-trajectory idle cap (workloads.md §1.5)
+POISSON_MAX = 16  # chunks per rank per step considered (tail mass folded into the last bin)
+_LOG_FACTORIAL = np.cumsum(np.log(np.maximum(np.arange(64), 1)))
+
+
+# ---------------------------------------------------------------- traffic moments
+
+@dataclass(frozen=True)
+class Traffic:
+    """The request-level moments the closed form needs, from a workload's request mix."""
+
+    name: str
+    context_mean: float  # input tokens per request (cached + new), request-weighted mean
+    uncached_mean: float
+    uncached_p90: float
+    output_mean: float
+    output_p10: float
+    gap_mean_s: float  # think/tool gap before a turn, capped as the replay caps it
+    hit_rate: float  # token-weighted
+    uncached_sample: np.ndarray = field(repr=False, compare=False, default=None)
+
+    def chunks(self, cap) -> np.ndarray:
+        """Mean prefill steps per request, E[ceil(U / cap)], when a request takes at most `cap`
+        tokens per step (exact over the sample; few distinct caps occur in a search)."""
+        cap = np.asarray(cap, float)
+        values, inverse = np.unique(cap, return_inverse=True)
+        means = np.array([np.ceil(self.uncached_sample / v).mean() for v in values])
+        return means[inverse].reshape(cap.shape)
+
+    def chunk_size(self, cap) -> np.ndarray:
+        """Mean tokens in one prefill chunk under a per-step cap."""
+        return self.uncached_mean / self.chunks(cap)
+
+
+def traffic_from_mix(name: str, context, uncached, output, gap,
+                     gap_cap_s: float = AGENTX_IDLE_CAP_S) -> Traffic:
+    context, uncached, output, gap = (np.asarray(a, float) for a in (context, uncached, output, gap))
+    return Traffic(name=name, context_mean=float(context.mean()),
+                   uncached_mean=float(uncached.mean()),
+                   uncached_p90=float(np.percentile(uncached, 90)),
+                   output_mean=float(output.mean()), output_p10=float(np.percentile(output, 10)),
+                   gap_mean_s=float(np.minimum(gap, gap_cap_s).mean()),
+                   hit_rate=float(1.0 - uncached.sum() / context.sum()),
+                   uncached_sample=uncached)
+
+
+def traffic_from_workload(workload, n: int = 20_000, seed: int = 0, hit_rate: float | None = None,
+                          gap_cap_s: float = AGENTX_IDLE_CAP_S) -> Traffic:
+    """Moments of `workload.request_mix(n, seed, hit_rate)` (model.workload)."""
+    mix = workload.request_mix(n, seed, hit_rate)
+    return traffic_from_mix(workload.name, mix.context_tokens, mix.uncached_tokens,
+                            mix.output_tokens, mix.gap_s, gap_cap_s)
+
+
+# ---------------------------------------------------------------- step tables
+
+def step_grid(p_max: float, b_max: float, points: int = 28) -> tuple[np.ndarray, np.ndarray]:
+    """The (prefill tokens, decode seqs) grid every step table uses: 0 plus a log-spaced range."""
+    return (np.concatenate([[0.0], np.geomspace(1.0, max(p_max, 2.0), points)]),
+            np.concatenate([[0.0], np.geomspace(1.0, max(b_max, 2.0), points)]))
+
+
+class StepTable:
+    """Step times of one or more plans on a shared (prefill tokens, decode seqs) grid at the
+    traffic's context, bilinear in log1p space. One vectorized step-model call per plan builds it;
+    `stack` joins plans so candidates of all plans are evaluated in one array operation."""
+
+    def __init__(self, step_model, context: float, chunk: float, p_max: float, b_max: float,
+                 points: int = 28, grid: tuple[np.ndarray, np.ndarray] | None = None):
+        self.step_model = step_model
+        self.p_grid, self.b_grid = grid if grid is not None else step_grid(p_max, b_max, points)
+        p, b = np.meshgrid(self.p_grid, self.b_grid, indexing="ij")
+        seqs = np.maximum(p / max(chunk, 1.0), 1.0)
+        t = np.asarray(step_model.step_time_s(p, context, b, context, seqs), float)
+        t = np.broadcast_to(t, p.shape).copy()
+        t[0, 0] = t[0, 1]  # an empty step never runs; keep the table monotone
+        self.tables = t[None]
+        self._lp, self._lb = np.log1p(self.p_grid), np.log1p(self.b_grid)
+
+    @classmethod
+    def stack(cls, tables: list[StepTable]) -> StepTable:
+        first = tables[0]
+        for t in tables[1:]:
+            if not (np.array_equal(t.p_grid, first.p_grid) and np.array_equal(t.b_grid,
+                                                                              first.b_grid)):
+                raise ValueError("StepTable.stack: tables must share one grid")
+        out = cls.__new__(cls)
+        out.step_model = None
+        out.p_grid, out.b_grid, out._lp, out._lb = first.p_grid, first.b_grid, first._lp, first._lb
+        out.tables = np.concatenate([t.tables for t in tables])
+        return out
+
+    def __call__(self, prefill_tokens, decode_seqs, which=0) -> np.ndarray:
+        """Step time; `which` selects the plan of a stacked table (broadcast with the others)."""
+        lp = np.log1p(np.clip(prefill_tokens, 0, self.p_grid[-1]))
+        lb = np.log1p(np.clip(decode_seqs, 0, self.b_grid[-1]))
+        i = np.clip(np.searchsorted(self._lp, lp) - 1, 0, len(self._lp) - 2)
+        j = np.clip(np.searchsorted(self._lb, lb) - 1, 0, len(self._lb) - 2)
+        fp = (lp - self._lp[i]) / (self._lp[i + 1] - self._lp[i])
+        fb = (lb - self._lb[j]) / (self._lb[j + 1] - self._lb[j])
+        nb = len(self.b_grid)
+        flat = self.tables.reshape(-1)
+        base = (np.asarray(which) * len(self.p_grid) + i) * nb + j
+        t00, t01 = flat.take(base), flat.take(base + 1)
+        t10, t11 = flat.take(base + nb), flat.take(base + nb + 1)
+        return (t00 + fp * (t10 - t00)) * (1 - fb) + (t01 + fp * (t11 - t01)) * fb
+
+
+def _poisson_pmf(lam, nmax: int = POISSON_MAX) -> np.ndarray:
+    """pmf of Poisson(lam) on 0..nmax (last bin holds the tail), shape lam.shape + (nmax+1,)."""
+    lam = np.asarray(lam, float)[..., None]
+    n = np.arange(nmax + 1)
+    with np.errstate(divide="ignore"):
+        log_pmf = n * np.log(np.maximum(lam, 1e-300)) - lam - _LOG_FACTORIAL[: nmax + 1]
+    pmf = np.where(lam > 0, np.exp(log_pmf), (n == 0).astype(float))
+    pmf[..., -1] += np.clip(1.0 - pmf.sum(-1), 0, 1)
+    return pmf
+
+
+def _max_of_ranks(pmf: np.ndarray, ranks) -> np.ndarray:
+    """pmf of the max over `ranks` iid draws (lockstep DP ranks wait for the slowest)."""
+    cdf = np.cumsum(pmf, -1).clip(0, 1)
+    cdf_max = cdf ** np.asarray(ranks, float)[..., None]
+    return np.diff(cdf_max, prepend=0.0, axis=-1)
+
+
+# ---------------------------------------------------------------- aggregated replicas
+
+def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replicas,
+                        concurrency, threshold, interval, kv_capacity_tokens, tokens_per_step=1.0,
+                        reload_s_per_token=0.0, max_num_batched_tokens: int = 8192,
+                        max_num_seqs: int = 256, iterations: int = 20,
+                        mixture_iterations: int = 8) -> dict:
+    """Closed-form steady state of aggregated candidates, all given as broadcastable arrays:
+    `which` plan in the (stacked) table, its `dp` / `pp`, `replicas`, client `concurrency` (lanes,
+    whole deployment), `threshold` (0 = off), `interval` (prefill_schedule_interval), the
+    replica's `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`.
+
+    Returns arrays: tpgs (per GPU, replica GPUs = dp*pp*tp*pcp given via `gpus` by the caller),
+    p90_interactivity_tok_s, p90_ttft_s, mean_ttft_s, decode_batch, step_time_s, rate_rps
+    (per replica), limit (what binds) and feasible."""
+    arrays = np.broadcast_arrays(*(np.asarray(a, float) for a in (
+        which, dp, pp, replicas, concurrency, threshold, interval, kv_capacity_tokens,
+        tokens_per_step, reload_s_per_token)))
+    which, dp, pp, replicas, conc, thr, interval, kv_cap, tps, reload_tok = arrays
+    which = which.astype(int)
+    c_r = conc / replicas
+    budget = float(max_num_batched_tokens)  # per DP rank per (micro)step
+    cap = np.where(thr > 0, np.minimum(thr, budget), budget)
+    k_eff = traffic.chunk_size(cap)
+    chunks_mean = traffic.chunks(cap)
+    chunks_p90 = np.ceil(traffic.uncached_p90 / cap)
+    u, o, s, z = traffic.uncached_mean, traffic.output_mean, traffic.context_mean, traffic.gap_mean_s
+    o_step = o / tps  # decode steps per turn
+    b_kv = kv_cap / max(s, 1.0)  # decoding sequences whose KV fits
+    resident = np.minimum(1.0, kv_cap / np.maximum(c_r * s, 1.0))
+    reload = (1.0 - resident) * s * reload_tok  # offloaded sessions fetch their KV back
+    n = np.arange(POISSON_MAX + 1)
+
+    t = table(0.0, np.maximum(c_r / 4, 1.0), which)
+    t_chunk = t_quiet = t
+    for it in range(iterations):
+        ttft0 = _ttft(chunks_mean, t_chunk, t_quiet, pp, interval) + reload
+        cycle = ttft0 + o_step * t + z
+        r_lanes = c_r / cycle
+        # budget: per (micro)step each rank takes <= budget tokens of decodes + prefill
+        r_budget = budget * dp * pp / (t * (u * interval + o_step))
+        r_kv = b_kv / (o_step * t)
+        r = np.minimum(np.minimum(r_lanes, r_budget), r_kv)
+        b_mb = r * o_step * t / pp  # decodes per microbatch (per step when pp == 1)
+        # a step carrying one of this request's chunks (DP lockstep: every rank as loaded)
+        t_chunk = np.maximum(table(k_eff * dp, b_mb, which), t)
+        if it < iterations - mixture_iterations:  # mean field first: cheap, gets close
+            t = 0.5 * t + 0.5 * table(r * u * t / pp, b_mb, which)
+            t_quiet = table(0.0, b_mb, which)
+            continue
+        t_quiet = table(0.0, b_mb, which)
+        lam = r * u * t * interval / (pp * dp * k_eff)  # chunks per rank per admitting step
+        pmf = _max_of_ranks(_poisson_pmf(lam), dp)
+        x = np.minimum(n * k_eff[..., None], np.maximum(budget - b_mb[..., None] / dp[..., None],
+                                                        0.0))
+        t_steps = table(x * dp[..., None], b_mb[..., None], which[..., None])
+        mean_adm = (pmf * t_steps).sum(-1)
+        second = (pmf * t_steps**2).sum(-1)
+        t_new = mean_adm / interval + t_quiet * (1 - 1 / interval)
+        t = 0.5 * t + 0.5 * t_new
+    var = np.maximum(second / interval + t_quiet**2 * (1 - 1 / interval) - t_new**2, 0.0)
+    tpot_p90 = t + Z90 * np.sqrt(var / np.maximum(traffic.output_p10 / tps, 1.0))
+    limit = np.where(r >= r_lanes * (1 - 1e-6), "lanes",
+                     np.where(r_kv <= r_budget, "kv_capacity", "prefill_budget"))
+    queue = np.maximum(c_r / r - (ttft0 + o_step * t + z), 0.0)
+    t_chunk_p90 = np.maximum(table(np.minimum(cap, traffic.uncached_p90) * dp, b_mb, which), t)
+    ttft_p90 = _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval) + reload + queue
+    b_total = r * o_step * t
+    feasible = (b_total / dp <= max_num_seqs * (1 + 1e-9)) & (b_kv >= 1.0)
+    return {"rate_rps": r, "tokens_per_s": r * replicas * (s + o),
+            "p90_interactivity_tok_s": tps / tpot_p90, "p90_ttft_s": ttft_p90,
+            "mean_ttft_s": ttft0 + queue, "decode_batch": b_total, "step_time_s": t,
+            "limit": limit, "feasible": feasible}
+
+
+def _ttft(chunks, t_chunk, t_quiet, pp, interval):
+    """Prefill latency of a request needing `chunks` steps: with pp stages its chunks pipeline,
+    (chunks + pp - 1) stage times (theory.md §4.4); with prefill_schedule_interval N each chunk
+    waits N - 1 decode-only steps."""
+    return (chunks + pp - 1) * t_chunk / pp + chunks * (interval - 1) * t_quiet
+
+
+# ---------------------------------------------------------------- disaggregated
+
+def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_batch,
+                           decode_step_s, decode_gpus, decode_kv_batch, x, y, traffic: Traffic,
+                           chunk_tokens, kv_bytes_per_token: float, link_bytes_per_s: float,
+                           tokens_per_step=1.0) -> dict:
+    """Disaggregated candidates given as broadcastable arrays (e.g. prefill plans x decode plans
+    x xPyD ratios x decode batches); returns flattened arrays.
+
+    Stage 1 (saturation): lam_P = chunk/T_P/U per prefill instance; lam_D(B) = B/(O*T_D(B)) per
+    decode instance at batch B (pure decode: no prefill interference). Stage 2 (ratio): the
+    system serves min(x lam_P, y lam_D); TTFT adds M/D/1 prefill queueing and the KV hand-off.
+    `chunk_tokens` is what one prefill step carries (all DP ranks)."""
+    u, o, s, z = traffic.uncached_mean, traffic.output_mean, traffic.context_mean, traffic.gap_mean_s
+    t_p = np.asarray(prefill_step_s, float)
+    thr_p = np.asarray(chunk_tokens, float) / t_p  # prefill tokens/s per instance
+    lam_p = prefill_saturation_rps(t_p, chunk_tokens, u)
+    batch = np.asarray(decode_batch, float)
+    steps = np.asarray(decode_step_s, float)
+    tps = np.asarray(tokens_per_step, float)
+    rate_d = batch * tps / (o * steps)
+    inter = tps / steps
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    rate = system_rate_rps(x, y, lam_p, rate_d)
+    rho = rate / (x * lam_p)
+    service = u / thr_p
+    wait = mdl_wait_s(service, np.minimum(rho, 0.999))
+    hand_off = kv_transfer_time_s(traffic.uncached_p90, kv_bytes_per_token, link_bytes_per_s,
+                                  prefill_senders)
+    ttft_p90 = traffic.uncached_p90 / thr_p + wait + hand_off
+    b_run = batch * np.minimum(1.0, rate / np.maximum(y * rate_d, 1e-12))
+    gpus = x * prefill_gpus + y * decode_gpus
+    tpgs = rate * (s + o) / gpus
+    concurrency = rate * (service + wait + hand_off + o / tps * steps + z)  # Little's law
+    shape = np.broadcast_shapes(*(np.shape(v) for v in (rate, ttft_p90, b_run, gpus, inter)))
+
+    def flat(v):
+        return np.broadcast_to(v, shape).ravel()
+
+    return {"x": flat(x).astype(int), "y": flat(y).astype(int), "decode_batch": flat(b_run),
+            "decode_batch_cap": flat(batch), "tpgs": flat(tpgs),
+            "p90_interactivity_tok_s": flat(inter), "p90_ttft_s": flat(ttft_p90),
+            "rate_rps": flat(rate), "gpus": flat(gpus).astype(int),
+            "concurrency": flat(concurrency), "prefill_rps": flat(x * lam_p),
+            "decode_rps": flat(y * rate_d), "step_time_s": flat(steps),
+            "feasible": flat((batch <= decode_kv_batch) & np.isfinite(ttft_p90))}
+
+
+# ---------------------------------------------------------------- Pareto and best
+
+def pareto_front(df: pd.DataFrame, x: str = "p90_interactivity_tok_s", y: str = "tpgs"
+                 ) -> pd.DataFrame:
+    """Rows not dominated in (higher x, higher y), sorted by x."""
+    if df.empty:
+        return df
+    d = df.sort_values([y, x], ascending=[False, False])
+    best_x = np.maximum.accumulate(d[x].to_numpy())
+    keep = np.concatenate([[True], d[x].to_numpy()[1:] > best_x[:-1]])
+    return d[keep].sort_values(x).reset_index(drop=True)
+
+
+def best_under_slo(df: pd.DataFrame, slo_p90_interactivity: float) -> pd.Series:
+    ok = df[(df["p90_interactivity_tok_s"] >= slo_p90_interactivity) & df["feasible"]]
+    if ok.empty:
+        from model.errors import Infeasible
+
+        best = df["p90_interactivity_tok_s"].max() if len(df) else float("nan")
+        raise Infeasible(f"no candidate reaches P90 interactivity {slo_p90_interactivity:g} tok/s "
+                         f"(best {best:.1f} tok/s); lower --slo-p90-interactivity or add GPUs")
+    return ok.sort_values(["tpgs", "p90_interactivity_tok_s"], ascending=False).iloc[0]
+
+
+def require_candidates(df: pd.DataFrame, what: str) -> pd.DataFrame:
+    if df.empty:
+        raise ServecastError(f"no valid {what} deployment: no parallel plan fits the GPU budget")
+    return df

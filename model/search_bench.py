@@ -1,0 +1,42 @@
+"""`bench_search()`: speed of the full deployment search on the default scenario (`make bench`).
+
+Two numbers: `cold` includes building every plan's step model and step table (the step model and
+plan enumeration are the perf layer's cost); `warm` re-runs the search with those tables kept,
+which is the cost of evaluating the candidates (the target: >= 10,000 candidates in <= 2 s)."""
+
+from __future__ import annotations
+
+import time
+
+from model.plan import _MODEL_CACHE, _PLANS_CACHE, DEFAULT_SCENARIO, plan
+
+
+def bench_search(**scenario) -> dict:
+    args = {**DEFAULT_SCENARIO, **scenario}
+    from model.plan import _load
+
+    _load(args["arch"], args["hardware"], args["workload"])  # spec files parsed once, not timed
+    _MODEL_CACHE.clear()
+    _PLANS_CACHE.clear()
+    started = time.perf_counter()
+    result = plan(**args)
+    cold = time.perf_counter() - started
+    started = time.perf_counter()
+    result = plan(**args)
+    warm = time.perf_counter() - started
+    return {"scenario": {k: args[k] for k in ("arch", "hardware", "gpus", "workload")},
+            "candidates": int(len(result.candidates)),
+            "aggregated_candidates": int((result.candidates["mode"] == "aggregated").sum()),
+            "disaggregated_candidates": int((result.candidates["mode"] == "disaggregated").sum()),
+            "plans_with_tables": len([m for m in _MODEL_CACHE.values() if m is not None]),
+            "cold_search_s": cold, "warm_search_s": warm,
+            "candidates_per_s_warm": len(result.candidates) / warm,
+            "target": ">= 10,000 candidates in <= 2 s",
+            "meets_target_warm": bool(len(result.candidates) >= 10_000 and warm <= 2.0),
+            "meets_target_cold": bool(len(result.candidates) >= 10_000 and cold <= 2.0)}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(bench_search(), indent=2))

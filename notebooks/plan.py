@@ -1,0 +1,71 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% tags=["parameters"]
+arch: str = "deepseek-v4-pro"  # architecture slug, HF id or config.json path
+hardware: str = "gb300-nvl72"  # chip / system name or alias
+gpus: int = 12  # GPU budget for the whole deployment
+workload: str = "agentx"  # workload profile name or YAML path
+slo_p90_interactivity: float = 50.0  # minimum P90 tokens/s per user
+long_prefill_token_threshold: int = -1  # vLLM per-request prefill cap; -1 = search, 0 = off
+mode: str = ""  # "aggregated", "disaggregated", or "" for both
+prefill_hardware: str = ""  # a different chip for disaggregated prefill workers ("" = same)
+precision: str = ""  # serve weights in this format (e.g. mxfp8); "" = the checkpoint's
+api_model: str = "claude-opus-5"  # API whose prices give the API-equivalent cost
+output_dir: str = "."  # where figures and headline.json go
+
+# %% [markdown]
+# # Best deployment under an interactivity SLO
+#
+# Every valid parallel plan (TP, PP, DP/DEP, EP, DCP, PCP) per replica size, aggregated replicas
+# and disaggregated xPyD workers, engine knobs and client concurrency are evaluated in closed
+# form (`model/plan.py`, `model/search.py`). The Pareto front trades throughput per GPU (TPGS,
+# cached input included) against P90 interactivity; the best point above the SLO is the answer,
+# with its cost and the launch commands that realize it.
+
+# %%
+# ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
+from pathlib import Path
+
+from model import charts, nbio
+from model.plan import MODES, plan
+
+result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
+              slo_p90_interactivity=slo_p90_interactivity,
+              long_prefill_token_threshold=None if long_prefill_token_threshold < 0
+              else long_prefill_token_threshold,
+              modes=(mode,) if mode else MODES, prefill_hardware=prefill_hardware or None,
+              precision=precision or None, api_model=api_model)
+headline = result.contract()
+{k: headline[k] for k in ("tpgs", "p90_interactivity_tok_s", "p90_ttft_s", "tco_usd_per_hour",
+                          "usd_per_mtok", "cost_advantage", "why")}
+
+# %% [markdown]
+# ## Pareto front: throughput per GPU vs P90 interactivity
+
+# %%
+feasible = result.candidates[result.candidates["feasible"]]
+shown = charts.pareto_front(feasible, "p90_interactivity_tok_s", "tpgs", "mode")
+chart = charts.pareto_chart(
+    shown[["mode", "plan", "decode_plan", "concurrency", "tpgs", "p90_interactivity_tok_s",
+           "p90_ttft_s"]], "p90_interactivity_tok_s", "tpgs", "mode",
+    title=f"{arch} on {gpus} x {hardware}, {workload}",
+    subtitle=f"best under P90 >= {slo_p90_interactivity:g} tok/s: {result.deployment.label()}",
+    x_rule=slo_p90_interactivity)
+charts.save(chart, Path(output_dir) / "pareto")
+chart
+
+# %% [markdown]
+# ## The chosen deployment and how to launch it
+
+# %%
+print("\n".join(result.launch_commands["vllm"]))
+result.pareto.tail(10)
+
+# %%
+nbio.write_headline(output_dir, headline)

@@ -1,0 +1,103 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% tags=["parameters"]
+hardware: list = ["h100-sxm", "h200-sxm", "b200", "b300", "gb200-nvl72", "gb300-nvl72"]  # chips
+api_model: str = "claude-opus-5"  # API for the API-equivalent cost
+hit_rates: list = [0.90, 0.93, 0.95, 0.96, 0.97]  # cache-hit assumptions for the sensitivity
+output_dir: str = "."  # where figures and headline.json go
+
+# %% [markdown]
+# # Cost per GPU-hour, per million tokens, and the advantage over an API
+#
+# GPU-hour price on three bases: owned TCO (SemiAnalysis `costh`, what the vLLM AgentX post
+# used), an owned-cost model from capex and power (`model/cost.py`), and observed rental.
+# Then the post's own cost table: from its TPGS and TCO, the API-equivalent cost and the cost
+# advantage at the documented token mix (`cost.AGENTX_POST_MIX`), and how the advantage moves
+# with the cache-hit assumption.
+
+# %%
+# ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
+import contextlib
+from pathlib import Path
+
+import pandas as pd
+
+from model import charts, nbio
+from model.cost import (
+    AGENTX_POST_MIX,
+    api_equivalent_usd_per_hour,
+    cost_advantage,
+    gpu_hour_usd,
+    token_mix,
+    usd_per_mtok,
+)
+from model.errors import ServecastError
+from model.hardware import load_hardware
+from model.prices import api_price
+
+rows = []
+for name in hardware:
+    hw = load_hardware(name)
+    for basis in ("owned", "owned_model", "rental_low", "rental_high"):
+        with contextlib.suppress(ServecastError):  # no sourced figure for this basis
+            rows.append({"hardware": name, "basis": basis,
+                         "usd_per_gpu_hour": gpu_hour_usd(hw, basis)})
+per_hour = pd.DataFrame(rows)
+chart = charts.bar_chart(per_hour, "hardware", "usd_per_gpu_hour", "basis",
+                         title="GPU-hour price by cost basis")
+charts.save(chart, Path(output_dir) / "gpu_hour")
+per_hour.pivot(index="hardware", columns="basis", values="usd_per_gpu_hour")
+
+# %% [markdown]
+# ## The post's cost table, recomputed
+
+# %%
+price = api_price(api_model)
+post = pd.DataFrame([  # vLLM AgentX post, results and cost tables (seed 000)
+    {"model": "deepseek-v4-pro", "gpus": 12, "tpgs": 83_000, "tco_usd_per_hour": 27.72,
+     "published_advantage": 106},
+    {"model": "minimax-m3", "gpus": 2, "tpgs": 70_000, "tco_usd_per_hour": 4.52,
+     "published_advantage": 85},
+    {"model": "kimi-k3", "gpus": 16, "tpgs": 11_800, "tco_usd_per_hour": 36.96,
+     "published_advantage": 14.6},
+])
+post["usd_per_mtok"] = [usd_per_mtok(t, r * g) for t, r, g in
+                        zip(post.tco_usd_per_hour, post.tpgs, post.gpus, strict=True)]
+post["api_equivalent_usd_per_hour"] = [api_equivalent_usd_per_hour(price, AGENTX_POST_MIX, r * g)
+                                       for r, g in zip(post.tpgs, post.gpus, strict=True)]
+post["advantage"] = [cost_advantage(a, t) for a, t in
+                     zip(post.api_equivalent_usd_per_hour, post.tco_usd_per_hour, strict=True)]
+post["rel_error"] = post.advantage / post.published_advantage - 1
+post
+
+# %% [markdown]
+# ## Sensitivity: advantage vs the cache-hit assumption (same output share)
+
+# %%
+sens = []
+for h in hit_rates:
+    mix = token_mix(88_000, 413, h)
+    for _, row in post.iterrows():
+        api = api_equivalent_usd_per_hour(price, mix, row.tpgs * row.gpus)
+        sens.append({"hit_rate": h, "model": row.model,
+                     "advantage": cost_advantage(api, row.tco_usd_per_hour)})
+sens = pd.DataFrame(sens)
+chart = charts.line_chart(sens, "hit_rate", "advantage", "model", log_y=True,
+                          title="Cost advantage vs cache-hit assumption")
+charts.save(chart, Path(output_dir) / "advantage_vs_hit")
+chart
+
+# %%
+headline = {f"advantage_{m}": float(a) for m, a in zip(post.model, post.advantage, strict=True)}
+headline.update({f"usd_per_mtok_{m}": float(c) for m, c in zip(post.model, post.usd_per_mtok,
+                                                               strict=True)})
+headline["max_rel_error"] = float(post.rel_error.abs().max())
+headline["token_mix"] = AGENTX_POST_MIX.source
+nbio.write_headline(output_dir, headline)
+headline

@@ -1,0 +1,88 @@
+"""P/D disaggregation: KV hand-off, saturation, rate matching, xPyD ratios (theory.md §7)."""
+
+import numpy as np
+import pytest
+
+from model.disagg import (
+    Deployment,
+    PhaseConfig,
+    decode_saturation,
+    kv_transfer_bytes,
+    kv_transfer_time_s,
+    mdl_wait_s,
+    prefill_saturation_rps,
+    rate_matched_ratio,
+    system_rate_rps,
+    xpyd_grid,
+)
+from model.errors import ServecastError
+from model.parallel import ParallelPlan
+
+
+def test_scaling_book_pd_ratio_t10():
+    # theory.md §13 T10 (scaling book): T_prefill 0.91 s, decode B=32 at T_step 0.019 s, L_out 512
+    # -> P/G = 0.91*32/(0.019*512) = 2.99 prefill servers per generate server.
+    lam_p = prefill_saturation_rps(0.91, 8192, 8192)  # one 8192-token prompt per 0.91 s
+    rate, inter, best = decode_saturation(np.array([32.0]), np.array([0.019]), 512)
+    assert rate[0] == pytest.approx(32 / (512 * 0.019))
+    assert inter[0] == pytest.approx(1 / 0.019)
+    assert rate_matched_ratio(lam_p, rate[0]) == pytest.approx(2.99, rel=2e-3)
+
+
+def test_decode_saturation_largest_batch_meeting_slo_and_kv():
+    # Step time 10 ms + 0.5 ms per sequence; SLO 50 tok/s -> T <= 20 ms -> B <= 20.
+    batch = np.array([1.0, 8, 16, 20, 24, 32])
+    step = 0.010 + 0.0005 * batch
+    rate, inter, best = decode_saturation(batch, step, 100, slo_tokens_per_s=50)
+    assert batch[best] == 20
+    assert rate[best] == pytest.approx(20 / (100 * 0.020))
+    # KV fits only 16 sequences: the saturating batch drops to 16.
+    _, _, best_kv = decode_saturation(batch, step, 100, slo_tokens_per_s=50, max_batch=16)
+    assert batch[best_kv] == 16
+    _, _, none = decode_saturation(batch, step, 100, slo_tokens_per_s=1000)
+    assert none == -1
+
+
+def test_xpyd_grid_and_system_rate():
+    # 2-GPU prefill, 4-GPU decode instances in 8 GPUs: (1,1) uses 6, (2,1) uses 8; x=3 leaves 2.
+    x, y = xpyd_grid(2, 4, 8)
+    assert list(zip(x, y, strict=True)) == [(1, 1), (2, 1)]
+    x, y = xpyd_grid(2, 4, 8, exact=True)
+    assert list(zip(x, y, strict=True)) == [(2, 1)]
+    # min(x*lam_P, y*lam_D): 2 prefill at 3 rps vs 1 decode at 5 rps -> 5 rps (decode-bound).
+    assert system_rate_rps(2, 1, 3.0, 5.0) == 5.0
+    assert system_rate_rps(1, 1, 3.0, 5.0) == 3.0
+
+
+def test_mdl_wait_distserve_t18():
+    # theory.md §13 T18: M/D/1 with D = 1 s, R = 0.5/s: TTFT = D + R D^2 / (2 (1 - R D)) = 1.5 s.
+    assert 1.0 + mdl_wait_s(1.0, 0.5) == pytest.approx(1.5)
+    assert np.isinf(mdl_wait_s(1.0, 1.0))
+
+
+def test_kv_transfer_time_packed_vs_per_tensor():
+    # DeepSeek V3 MLA KV 70,272 B/token (theory.md T32), 3,520 new tokens -> 247.36 MB.
+    # Over 4 prefill GPUs x 50 GB/s: 247.36e6/200e9 = 1.2368 ms, + ceil(3520/64)=55 blocks of
+    # descriptors over 4 senders x 2 us = 27.5 us (packed: one tensor per block).
+    packed = kv_transfer_time_s(3520, 70_272, 50e9, gpus_sending=4)
+    assert packed == pytest.approx(247.357e6 / 200e9 + 55 / 4 * 2e-6, rel=1e-4)
+    # Per-tensor layout (92 tensors per block for DeepSeek V4): +10% bytes, 92x the descriptors.
+    per_tensor = kv_transfer_time_s(3520, 70_272, 50e9, gpus_sending=4, layout="per_tensor",
+                                    tensors_per_block=92)
+    assert per_tensor == pytest.approx(1.1 * 247.357e6 / 200e9 + 55 * 92 / 4 * 2e-6, rel=1e-4)
+    assert kv_transfer_bytes(1000, 100.0, state_bytes=5000) == pytest.approx(105_000)
+    with pytest.raises(ServecastError):
+        kv_transfer_bytes(1, 1.0, layout="paged")
+
+
+def test_deployment_gpus_and_dict():
+    p = PhaseConfig("gb300-nvl72", ParallelPlan(tp=1, dp=4, ep=4), instances=1)
+    d = PhaseConfig("gb300-nvl72", ParallelPlan(tp=1, dp=8, ep=8), instances=1)
+    dep = Deployment(mode="disaggregated", arch="deepseek-v4-pro", concurrency=256, prefill=p,
+                     decode=d)
+    assert dep.gpus == 12
+    out = dep.as_dict()
+    assert out["workers"] == {"prefill": 1, "decode": 1}
+    assert out["decode"]["plan"] == "dp8-ep8"
+    with pytest.raises(ServecastError):
+        Deployment(mode="aggregated", arch="x", concurrency=1)

@@ -1,0 +1,164 @@
+"""Vectorized deployment search: traffic moments, step tables, the aggregated closed form, the
+DP lockstep term, Pareto front and best-under-SLO. Step models here are small test doubles with
+hand-checkable times; the wiring to the real step model is tested in test_plan.py."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from model.disagg import xpyd_grid
+from model.errors import Infeasible
+from model.parallel import ParallelPlan
+from model.search import (
+    StepTable,
+    _max_of_ranks,
+    _poisson_pmf,
+    best_under_slo,
+    evaluate_aggregated,
+    evaluate_disaggregated,
+    pareto_front,
+    traffic_from_mix,
+)
+
+
+@dataclass
+class ConstantStep:
+    """Every step takes `t` seconds whatever it carries."""
+
+    t: float
+    plan: ParallelPlan = ParallelPlan()
+
+    def step_time_s(self, p, pctx, b, dctx, seqs=1.0):
+        return np.full(np.broadcast(p, b).shape, self.t)
+
+
+@dataclass
+class RooflineStep:
+    """max(compute, HBM) + overhead: 2*N_active FLOPs per token; weights + KV read per step."""
+
+    active_params: float = 20e9
+    weight_bytes: float = 40e9
+    kv_bytes_per_token: float = 50_000
+    flops: float = 1e15
+    hbm: float = 4e12
+    overhead_s: float = 0.002
+    plan: ParallelPlan = ParallelPlan()
+
+    def step_time_s(self, p, pctx, b, dctx, seqs=1.0):
+        p, b = np.asarray(p, float), np.asarray(b, float)
+        compute = 2 * self.active_params * (p + b) / self.flops
+        memory = (self.weight_bytes + b * dctx * self.kv_bytes_per_token) / self.hbm
+        return self.overhead_s + np.maximum(compute, memory)
+
+
+def _traffic(context=100_000, uncached=(1000, 3000), output=400, gap=10.0):
+    n = len(uncached)
+    return traffic_from_mix("t", np.full(n, context), np.array(uncached), np.full(n, output),
+                            np.full(n, gap))
+
+
+def test_traffic_moments_and_chunks():
+    tr = _traffic()
+    assert tr.uncached_mean == 2000 and tr.output_mean == 400 and tr.gap_mean_s == 10
+    assert tr.hit_rate == pytest.approx(1 - 4000 / 200_000)
+    # cap 1000 tokens/step: 1 + 3 chunks -> mean 2 steps, mean chunk 1000 tokens.
+    assert tr.chunks(1000) == pytest.approx(2.0, rel=0.02)
+    assert tr.chunk_size(1000) == pytest.approx(1000, rel=0.02)
+    # cap above every request: one chunk each.
+    assert tr.chunks(8192) == pytest.approx(1.0, rel=0.02)
+    # gaps are capped as the AgentX replay caps them (300 s per-trajectory idle cap)
+    assert traffic_from_mix("t", [1], [1], [1], [1000.0]).gap_mean_s == 300.0
+
+
+def test_step_table_matches_model_on_grid_and_between():
+    model = RooflineStep()
+    table = StepTable(model, 100_000, 8192, 8192, 512, points=40)
+    for p, b in ((0.0, 64.0), (4096.0, 0.0), (2000.0, 100.0)):
+        exact = float(model.step_time_s(p, 100_000, b, 100_000))
+        assert float(table(p, b)) == pytest.approx(exact, rel=0.03)
+    stacked = StepTable.stack([table, StepTable(ConstantStep(0.5), 1, 1, 0, 0,
+                                                grid=(table.p_grid, table.b_grid))])
+    assert float(stacked(100.0, 10.0, which=1)) == pytest.approx(0.5)
+
+
+def test_aggregated_constant_step_closed_form():
+    # Constant 20 ms steps, 1 replica of 1 GPU, 10 lanes, threshold off (cap 8192 -> 1 chunk):
+    # cycle = TTFT (1 step) + 400 decode steps + 10 s gap = 0.02 + 8 + 10 = 18.02 s;
+    # rate = 10/18.02 = 0.5549 turns/s; TPGS = rate * (100,000 + 400) = 55,716 tok/s/GPU;
+    # interactivity = 1/0.02 = 50 tok/s exactly (no step variance).
+    tr = _traffic()
+    table = StepTable(ConstantStep(0.02), tr.context_mean, 8192, 8192, 512)
+    r = evaluate_aggregated(table, tr, 0, 1, 1, 1, np.array([10.0]), 0, 1, 1e9)
+    assert r["rate_rps"][0] == pytest.approx(10 / 18.02, rel=1e-6)
+    assert r["tokens_per_s"][0] == pytest.approx(10 / 18.02 * 100_400, rel=1e-6)
+    assert r["p90_interactivity_tok_s"][0] == pytest.approx(50.0)
+    assert r["limit"][0] == "lanes"
+    # decode batch = rate * 400 steps * 0.02 s = 4.44 sequences
+    assert r["decode_batch"][0] == pytest.approx(10 / 18.02 * 8, rel=1e-6)
+
+
+def test_aggregated_kv_capacity_bound():
+    # KV holds 2 contexts of 100K: decoding batch <= 2 -> rate <= 2/(400*0.02) = 0.25 turns/s.
+    tr = _traffic()
+    table = StepTable(ConstantStep(0.02), tr.context_mean, 8192, 8192, 512)
+    r = evaluate_aggregated(table, tr, 0, 1, 1, 1, np.array([100.0]), 0, 1, 200_000)
+    assert r["rate_rps"][0] == pytest.approx(0.25, rel=1e-6)
+    assert r["limit"][0] == "kv_capacity"
+
+
+def test_dp_lockstep_slowed_fraction_t36():
+    # theory.md §13 T36: DP=8 ranks, each with a prefill on 20% of steps: 1-(0.8)^8 = 83.2% of
+    # steps wait for a prefill. Poisson per-rank rate with P(0) = 0.8 is lam = -ln 0.8.
+    pmf = _max_of_ranks(_poisson_pmf(-np.log(0.8)), 8)
+    assert 1 - pmf[0] == pytest.approx(0.832, abs=5e-4)
+    assert pmf.sum() == pytest.approx(1.0)
+
+
+def test_threshold_raises_p90_interactivity_under_long_prefills():
+    # The post's mechanism (--long-prefill-token-threshold 512): with a compute-bound prefill, an
+    # 8K chunk makes its step ~13x a decode step; 512-token chunks ride on memory-bound decode
+    # steps. Same traffic and lanes: P90 interactivity must rise and TPGS must not fall.
+    tr = _traffic(uncached=(4000, 12000))
+    table = StepTable(RooflineStep(), tr.context_mean, 8192, 8192 * 8, 1024)
+    conc = np.array([64.0])
+    off = evaluate_aggregated(table, tr, 0, 1, 1, 1, conc, 0, 1, 1e9)
+    on = evaluate_aggregated(table, tr, 0, 1, 1, 1, conc, 512, 1, 1e9)
+    assert on["p90_interactivity_tok_s"][0] > 1.3 * off["p90_interactivity_tok_s"][0]
+    assert on["tokens_per_s"][0] >= 0.99 * off["tokens_per_s"][0]
+    # ...and the price the post names: the long request's own TTFT grows (more, smaller chunks)
+    assert on["p90_ttft_s"][0] > off["p90_ttft_s"][0]
+
+
+def test_disaggregated_grid_rates():
+    # Prefill instance (2 GPUs): 8192-token chunks in 0.5 s -> 16,384 tok/s / 2,000 = 8.192 rps.
+    # Decode instance (4 GPUs): batch 32 at 25 ms -> 32/(400*0.025) = 3.2 rps at 40 tok/s.
+    tr = _traffic()
+    x, y = xpyd_grid(2, 4, 14)
+    r = pd.DataFrame(evaluate_disaggregated(0.5, 2, 1, np.array([32.0]), np.array([0.025]), 4,
+                                            1e9, x[:, None], y[:, None], tr, 8192, 50_000, 50e9))
+    one_three = r[(r.x == 1) & (r.y == 3)].iloc[0]
+    assert one_three["rate_rps"] == pytest.approx(min(8.192, 9.6))
+    assert one_three["tpgs"] == pytest.approx(8.192 * 100_400 / 14)
+    assert r[(r.x == 2) & (r.y == 3)].empty  # 2*2 + 3*4 = 16 GPUs > 14
+    one_two = r[(r.x == 1) & (r.y == 2)].iloc[0]
+    assert one_two["rate_rps"] == pytest.approx(6.4)
+    assert one_two["p90_interactivity_tok_s"] == pytest.approx(40.0)
+    # TTFT: P90 uncached (2,800 of {1000, 3000}) at 16,384 tok/s + M/D/1 wait at rho = 6.4/8.192
+    # + KV hand-off of 2,800 tokens x 50 KB over 50 GB/s (+ 44 descriptors x 2 us).
+    service = 2000 / 16_384
+    rho = 6.4 / 8.192
+    expected = 2800 / 16_384 + rho * service / (2 * (1 - rho)) + 2800 * 50_000 / 50e9 + 44 * 2e-6
+    assert one_two["p90_ttft_s"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_pareto_and_best_under_slo():
+    df = pd.DataFrame({"tpgs": [100, 90, 80, 50, 60], "p90_interactivity_tok_s": [10, 30, 20, 60, 40],
+                       "feasible": [True] * 5})
+    front = pareto_front(df)
+    # (80, 20) is dominated by (90, 30); the rest trade throughput for interactivity.
+    assert list(front["tpgs"]) == [100, 90, 60, 50]
+    assert best_under_slo(df, 35)["tpgs"] == 60
+    with pytest.raises(Infeasible):
+        best_under_slo(df, 100)
