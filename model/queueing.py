@@ -1,0 +1,131 @@
+"""Queueing formulas the closed-form serving model uses (research/theory.md §6), each a pure
+function. Sources: Pollaczek-Khinchine and Kingman (G/G/1) [S26][S28]; shot-noise (Campbell)
+moments for Poisson-started work seen through a window (derived: §6 + standard Campbell theorem).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def kingman_wait_s(rho: float, mean_service_s: float, cs2: float, ca2: float = 1.0) -> float:
+    """Mean wait in a G/G/1 queue: (ca²+cs²)/2 · ρ/(1-ρ) · E[S]; equals P-K for ca² = 1."""
+    if not 0 <= rho < 1:
+        raise ValueError(f"utilization {rho} is not in [0, 1)")
+    return (ca2 + cs2) / 2.0 * rho / (1.0 - rho) * mean_service_s
+
+
+def window_overlap_sq(k, w):
+    """∫ overlap(x)² dx of a run of k consecutive steps sliding past a window of w steps
+    (Campbell's second moment of a rectangular shot): m²M - m³/3 with m = min, M = max."""
+    k, w = np.asarray(k, float), np.asarray(w, float)
+    m, big = np.minimum(k, w), np.maximum(k, w)
+    return m * m * big - m**3 / 3.0
+
+
+def shot_noise_var(rate_per_step: float, heights, lengths, windows):
+    """Variance of the total work seen in windows of `windows` steps, when runs of `lengths`
+    steps with per-step `heights` start as a Poisson process of `rate_per_step` (Campbell).
+    heights/lengths: samples over runs (averaged); windows: array; returns one value per window.
+    """
+    h2 = np.asarray(heights, float) ** 2
+    g = window_overlap_sq(np.asarray(lengths, float)[None, :], np.asarray(windows, float)[:, None])
+    return rate_per_step * (g * h2[None, :]).mean(axis=1)
+
+
+def mg1_wait_pmf(service_s, rho: float, dt: float, n: int, gaps_s=None,
+                 arrival_rate: float | None = None) -> tuple[np.ndarray, float]:
+    """Waiting-time pmf on the grid k·dt (k < n) of a FCFS single server, and the probability
+    an arrival finds it busy.
+
+    Infinite source (`gaps_s` None): M/G/1, Pollaczek-Khinchine transform: W is a geometric(ρ)
+    number of equilibrium residual service times, density (1 - F(x)) / E[S]; summed by FFT.
+    Finite source (closed loop, `gaps_s` = the idle-time sample of the sessions): while a long
+    job is in service the idle sessions arrive only as fast as their gaps run out, so arrivals
+    land at elapsed time y of a job with density ∝ P(Z > y) instead of uniformly (the residual
+    of the idle period, renewal theory); ρ becomes X·E[min(S, Z)]. This is what keeps one huge
+    cold prefill from queueing more sessions than exist."""
+    s = np.sort(np.asarray(service_s, float))
+    out = np.zeros(n)
+    if rho <= 0 or s.mean() <= 0:
+        out[0] = 1.0
+        return out, 0.0
+    m = 2 * n  # zero padding keeps the circular sums from wrapping
+    if gaps_s is None:
+        edges = np.arange(n + 1) * dt
+        resid = np.diff(_survival_integral(s, edges)) / s.mean()
+        busy = rho
+    else:
+        z = np.sort(np.asarray(gaps_s, float))
+        grid = np.arange(n) * dt
+        surv = 1.0 - np.searchsorted(z, grid, side="right") / len(z)  # P(Z > y)
+        jobs = np.bincount(np.minimum((s / dt).astype(int), n - 1), minlength=n) / len(s)
+        # resid[x] = sum_i jobs[x + i] · surv[i] · dt  (arrival at elapsed i, remaining x)
+        corr = np.fft.irfft(np.fft.rfft(jobs, m) * np.conj(np.fft.rfft(surv, m)), m)[:n]
+        resid = np.maximum(corr, 0.0) * dt
+        busy = float((arrival_rate or 0.0) * resid.sum())
+        if busy >= 1.0:
+            busy = min(busy, 0.999)
+    resid = resid / max(resid.sum(), 1e-300)
+    r_hat = np.fft.rfft(resid, m)
+    w_hat = (1.0 - busy) / (1.0 - busy * r_hat)
+    pmf = np.maximum(np.fft.irfft(w_hat, m)[:n], 0.0)
+    return pmf / max(pmf.sum(), 1e-300), busy
+
+
+def _survival_integral(sorted_s: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """∫_0^x P(S > y) dy = E[min(S, x)] for the empirical sample, at each x."""
+    idx = np.searchsorted(sorted_s, x, side="right")
+    csum = np.concatenate([[0.0], np.cumsum(sorted_s)])
+    n = len(sorted_s)
+    return (csum[idx] + x * (n - idx)) / n
+
+
+def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt: float,
+                      n: int, start_bias=None) -> np.ndarray:
+    """pmf on the grid k·dt of the work Y seen by a window of `window` steps when runs of
+    `lengths` steps (per-step `heights`, one sample per run type, equally likely) start as a
+    Poisson process of `rate_per_step` (exact compound Poisson through its Lévy measure + FFT).
+
+    Relative to a run of k steps, a window starting before it overlaps it by a length uniform on
+    [0, m] (m = min(k, w)) over m start positions and by m over max(w - k, 0) more; a window
+    starting inside it overlaps by a length uniform on [0, m] over m positions and by m over
+    max(k - w, 0) more. `start_bias` (per run, default 1) weights windows starting inside a run:
+    windows start at request times, uniform in time, so long (extended) steps catch more starts.
+    """
+    h = np.asarray(heights, float)
+    k = np.asarray(lengths, float)
+    bias = np.ones_like(h) if start_bias is None else np.asarray(start_bias, float)
+    share = rate_per_step / len(h)
+    m = np.minimum(k, window)
+    top = h * m  # largest contribution of each run
+    uni_mass = m * share * (1.0 + bias)
+    atom = (np.maximum(window - k, 0.0) + bias * np.maximum(k - window, 0.0)) * share
+    levy = np.zeros(n + 1)
+    # uniform parts: mass spread over [0, top]
+    dens = np.where(top > 0, uni_mass / np.maximum(top, 1e-300), 0.0)
+    hi = top / dt
+    full = np.floor(hi).astype(int)
+    np.add.at(levy, np.zeros_like(full), dens * dt)
+    np.add.at(levy, np.minimum(full, n), -dens * dt)
+    ramp = np.cumsum(levy)[:n]
+    frac = hi - full
+    tail = np.zeros(n)
+    np.add.at(tail, np.minimum(full, n - 1), dens * dt * frac)
+    mass = ramp + tail
+    # atoms at `top`, split between neighbours to keep the mean
+    lo = np.minimum(full, n - 1)
+    up = np.minimum(lo + 1, n - 1)
+    np.add.at(mass, lo, atom * (1 - frac))
+    np.add.at(mass, up, atom * frac)
+    total = mass.sum()
+    size = 2 * n
+    phi = np.fft.rfft(mass, size)
+    pmf = np.maximum(np.fft.irfft(np.exp(phi - total), size)[:n], 0.0)
+    return pmf / max(pmf.sum(), 1e-300)
+
+
+def quantiles_from_pmf(pmf: np.ndarray, grid: np.ndarray, qs) -> np.ndarray:
+    cdf = np.cumsum(pmf)
+    cdf = cdf / cdf[-1]
+    return np.array([grid[min(np.searchsorted(cdf, q), len(grid) - 1)] for q in qs])

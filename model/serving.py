@@ -1,0 +1,718 @@
+"""Closed-form serving model: engine steps -> what users see (TTFT, TPOT, interactivity), TPGS.
+
+One replica runs the `EnginePolicy` (continuous batching, token budget, chunked prefill with a
+per-request threshold, prefill cadence) on a `Workload` under a `Load`. Per DP rank:
+
+- decode steps: `B` running decodes at the output-weighted decode context `c_d`, step time
+  `T_d = step_time_s(0, 0, B, c_d)`;
+- each request's prefill of `u` uncached tokens runs in `k = ceil(u / r)` chunks,
+  `r = min(threshold, budget - B)`; it *extends* every step it rides in by
+  `step_time(chunk, ctx, B, c_d) - T_d`; its total extension `E` is what decodes pay for it
+  (additive across chunks sharing a step, exact for step times affine in the chunk tokens);
+- mean step (= mean TPOT) `T = T_d + extension per step`, `B = X·E[o-1]·T` (Little), closed
+  loop `X = N / (E[gap] + E[TTFT] + E[(o-1)]·T)` (response-time law), solved as a fixed point;
+- TTFT: without a threshold prefill is first-come-first-served on the whole budget, an M/G/1
+  queue with service `k·T_d + E` (exact Pollaczek-Khinchine transform; finite-source thinning in
+  a closed loop; Kingman stretch for bursty open arrivals); with a threshold, prefills run side
+  by side, each `k·T_d + E` plus the other prefills' extensions landing in its steps, slowed when
+  the budget saturates (processor sharing);
+- TPOT of a request = `T_d` + the extensions landing in its `o-1` decode steps: Poisson-started
+  runs of `k` steps seen through a window (exact compound Poisson by FFT, `model.queueing`), plus
+  the window average of the decode-batch fluctuation (Gaussian), mixed over the request sample.
+  Windows start at prefill completions: without a threshold none completes inside another
+  prefill's run; with one, completions are uniform in time, so extended steps catch more.
+
+Head-of-line blocking is the gap between the two TPOT tails: without a threshold a long cold
+prefill rides whole-budget chunks through a run of steps that every decode in flight pays for;
+with one it is spread thinly over many steps.
+
+Utilization >= 1 returns `stable=False` with the reason, never inf or NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from model.errors import ServecastError
+from model.policy import EnginePolicy
+from model.queueing import (
+    compound_shot_pmf,
+    kingman_wait_s,
+    mg1_wait_pmf,
+    quantiles_from_pmf,
+    shot_noise_var,
+)
+from model.workload import ClosedLoop, Load, RequestMix, TraceArrivals, Workload
+
+QUANTILES = (0.5, 0.9, 0.99)
+MIX_SIZE = 4000  # requests drawn from the profile for the expectations (deterministic seed)
+
+
+@dataclass(frozen=True)
+class AffineStepModel:
+    """Reference step model for tests and explanations:
+    t = a + b·P + e·P·c_p + c·B + d·B·c_d  (P prefill tokens at context c_p, B decodes at c_d).
+    """
+
+    a: float = 0.010
+    b: float = 2e-5
+    c: float = 1e-4
+    d: float = 2e-10
+    e: float = 0.0
+    gpus: int = 1
+    kv_tokens: float = float("inf")
+
+    def step_time_s(self, prefill_tokens, prefill_context=0.0, decode_seqs=0.0,
+                    decode_context=0.0, prefill_seqs=1.0):
+        p = np.asarray(prefill_tokens, float)
+        b = np.asarray(decode_seqs, float)
+        t = (self.a + self.b * p + self.e * p * np.asarray(prefill_context, float)
+             + self.c * b + self.d * b * np.asarray(decode_context, float))
+        return np.where((p > 0) | (b > 0), t, 0.0)
+
+    def kv_capacity_tokens(self, context):
+        return np.full(np.shape(context), self.kv_tokens, float)
+
+
+@dataclass(frozen=True)
+class ServingResult:
+    stable: bool
+    reason: str
+    ttft_s: dict[str, float | None]
+    tpot_s: dict[str, float | None]
+    interactivity_tok_s: dict[str, float | None]  # pXX = 1 / pXX of TPOT (XX% of users reach it)
+    mean_ttft_s: float | None
+    mean_tpot_s: float | None
+    tpgs: float | None  # total tokens (input incl. cached + output) per GPU-second
+    output_tokens_per_s_per_gpu: float | None
+    requests_per_s: float | None  # replica
+    concurrency: float | None  # sessions (closed loop) or mean requests in the system
+    decode_batch_per_rank: float | None
+    prefill_step_share: float | None  # share of step time spent on prefill
+    hit_rate: float
+    bounded_by: str  # "" | "max_num_seqs" | "kv_capacity"
+    goodput_requests_per_s: float | None = None
+    slo_attainment: float | None = None
+    policy: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _unstable(reason: str, hit: float, policy: EnginePolicy) -> ServingResult:
+    none = {f"p{int(q * 100)}": None for q in QUANTILES}
+    return ServingResult(False, reason, dict(none), dict(none), dict(none), None, None, None, None,
+                         None, None, None, None, hit, "", None, None, policy.as_dict())
+
+
+_MIX_CACHE: dict = {}
+
+
+def _cached_mix(workload: Workload, n: int, seed: int, hit_rate: float | None) -> RequestMix:
+    """Request mixes are deterministic in (profile, n, seed, hit): draw each once."""
+    key = (workload.model_dump_json(), n, seed, hit_rate)
+    if key not in _MIX_CACHE:
+        if len(_MIX_CACHE) > 64:
+            _MIX_CACHE.clear()
+        _MIX_CACHE[key] = workload.request_mix(n, seed, hit_rate)
+    return _MIX_CACHE[key]
+
+
+@dataclass
+class _Mix:
+    c: np.ndarray
+    u: np.ndarray
+    o: np.ndarray
+    z: np.ndarray
+
+    @property
+    def cached(self) -> np.ndarray:
+        return self.c - self.u
+
+
+class _Engine:
+    """Per-rank expectations at a given request rate; all arrays over the request sample."""
+
+    def __init__(self, step_model, mix: _Mix, policy: EnginePolicy, dp: int):
+        self.sm, self.mix, self.pol, self.dp = step_model, mix, policy, dp
+        # speculative decoding (MTP): each decode step yields q tokens per sequence on average
+        self.q = float(getattr(step_model, "tokens_per_decode_step", 1.0) or 1.0)
+        o1 = np.maximum(mix.o - 1.0, 0.0)
+        o1 = o1 / self.q  # decode steps per request
+        self.o1 = o1
+        self.mean_o1 = float(o1.mean())
+        w = o1.sum()
+        self.c_d = float(np.sum(o1 * (mix.c + mix.o / 2.0)) / w) if w > 0 else float(mix.c.mean())
+
+    def t(self, p, pctx, b, seqs=1.0):
+        """Step time of one rank with p prefill tokens and b decodes (D's replica convention:
+        replica totals spread over the dp ranks, so a rank's step is the dp-scaled call)."""
+        return np.asarray(self.sm.step_time_s(self.dp * np.asarray(p, float), pctx,
+                                              self.dp * np.asarray(b, float), self.c_d,
+                                              self.dp * np.asarray(seqs, float)), float)
+
+    def decode_step(self, b: float) -> float:
+        return float(np.interp(max(b, 1.0), *self.table.decode))
+
+    def extension(self, p, ctx, b: float) -> np.ndarray:
+        """Step time added by p prefill tokens at end-of-chunk context ctx (one request)."""
+        return self.table.extension(p, ctx, b)
+
+    @property
+    def table(self) -> _StepTable:
+        key = (id(self.sm), self.dp, round(self.c_d), self.pol.max_num_batched_tokens,
+               self.pol.max_num_seqs)
+        tab = _TABLES.get(key)
+        if tab is None or tab.owner is not self.sm:
+            if len(_TABLES) > 32:
+                _TABLES.clear()
+            tab = _TABLES[key] = _StepTable.build(self)
+        return tab
+
+    def prefill_runs(self, b: float, rate: float):
+        """(k, E): chunks per request and its total step extension at per-request chunk `rate`."""
+        m = self.mix
+        kf = np.floor(m.u / rate)
+        rem = m.u - kf * rate
+        td = self.decode_step(b)
+        bb = max(b, 1.0)
+        mid = m.cached + rate * (kf + 1.0) / 2.0  # mean end-of-chunk context of the full chunks
+        ext_full = np.where(kf > 0, self.extension(np.full(len(mid), rate), mid, bb), 0.0)
+        ext_rem = np.where(rem > 0, self.extension(np.maximum(rem, 1.0), m.c, bb), 0.0)
+        k = kf + (rem > 0)
+        ext = kf * np.maximum(ext_full, 0.0) + np.maximum(ext_rem, 0.0)
+        return k, ext, td
+
+
+_TABLES: dict = {}
+
+
+@dataclass
+class _StepTable:
+    """The step model tabulated once per (model, policy, decode context): decode step time over
+    the decode batch, and the prefill extension over (decodes, chunk tokens, context), linear
+    between grid points (geometric grids, so step times affine in tokens are exact)."""
+
+    owner: object
+    decode: tuple[np.ndarray, np.ndarray]
+    b_grid: np.ndarray
+    p_grid: np.ndarray
+    c_grid: np.ndarray
+    ext: np.ndarray  # [b, p, c]
+
+    @staticmethod
+    def build(eng: _Engine) -> _StepTable:
+        pol = eng.pol
+        seqs = float(max(pol.max_num_seqs, 2))
+        b_dec = np.unique(np.r_[np.arange(1.0, min(seqs, 32.0) + 1), np.geomspace(32, seqs, 48)
+                                if seqs > 32 else []])
+        t_dec = eng.t(0.0, 0.0, b_dec)
+        b_grid = np.unique(np.r_[1.0, 2.0, 4.0, np.geomspace(1, seqs, 10)])
+        p_grid = np.unique(np.r_[np.geomspace(1, pol.max_num_batched_tokens, 26)])
+        c_grid = np.geomspace(16, 4e6, 26)
+        bb, pp, cc = np.meshgrid(b_grid, p_grid, c_grid, indexing="ij")
+        full = eng.t(pp, cc, bb)
+        base = eng.t(0.0, 0.0, b_grid)[:, None, None]
+        return _StepTable(eng.sm, (b_dec, t_dec), b_grid, p_grid, c_grid,
+                          np.maximum(full - base, 0.0))
+
+    def extension(self, p, ctx, b: float) -> np.ndarray:
+        j = int(np.clip(np.searchsorted(self.b_grid, b) - 1, 0, len(self.b_grid) - 2))
+        w = float(np.clip((b - self.b_grid[j]) / (self.b_grid[j + 1] - self.b_grid[j]), 0, 1))
+        plane = (1 - w) * self.ext[j] + w * self.ext[j + 1]
+        x = np.clip(np.asarray(p, float), self.p_grid[0], self.p_grid[-1])
+        y = np.clip(np.asarray(ctx, float), self.c_grid[0], self.c_grid[-1])
+        i = np.clip(np.searchsorted(self.p_grid, x) - 1, 0, len(self.p_grid) - 2)
+        k = np.clip(np.searchsorted(self.c_grid, y) - 1, 0, len(self.c_grid) - 2)
+        fx = (x - self.p_grid[i]) / (self.p_grid[i + 1] - self.p_grid[i])
+        fy = (y - self.c_grid[k]) / (self.c_grid[k + 1] - self.c_grid[k])
+        v = ((1 - fx) * (1 - fy) * plane[i, k] + fx * (1 - fy) * plane[i + 1, k]
+             + (1 - fx) * fy * plane[i, k + 1] + fx * fy * plane[i + 1, k + 1])
+        return np.maximum(v, 0.0)
+
+
+@dataclass
+class _State:
+    x: float  # requests/s per rank
+    b: float
+    td: float
+    tbar: float
+    k: np.ndarray
+    ext: np.ndarray
+    ttft_base: np.ndarray  # per request TTFT excluding the random FCFS wait
+    rho_p: float  # FCFS prefill-server utilization (0 with a threshold)
+    wait_mean: float
+    share: float
+    reason: str = ""
+    wait_scale: float = 1.0  # Kingman stretch of the M/G/1 wait for bursty arrivals
+    gaps: np.ndarray | None = None  # closed loop: session idle times (finite-source wait)
+    extra: float = 0.0  # TTFT added outside the queue (step in flight, prefill cadence)
+    shots: tuple | None = None  # threshold mode: (runs/step, heights, lengths, own steps, own s)
+
+
+WAIT_GRID_FAST = 2**12
+
+
+def _wait_law(service: np.ndarray, rho: float, x: float, gaps, n: int):
+    """(dt, busy probability, wait pmf) of the FCFS prefill queue on an n-point grid."""
+    s_max = float(service.max())
+    t_max = 4.0 * s_max + 20.0 * float(service.mean()) / max(1.0 - rho, 0.02)
+    dt = t_max / n
+    pmf, busy = mg1_wait_pmf(service, rho, dt, n, gaps, x if gaps is not None else None)
+    return dt, busy, pmf
+
+
+def _solve_rate(eng: _Engine, x: float, ca2: float, n_sessions: float | None) -> _State:
+    """Fixed point at per-rank request rate x (decode batch, step times, prefill queue)."""
+    pol, mix = eng.pol, eng.mix
+    cap = pol.chunk_cap
+    budget = float(pol.max_num_batched_tokens)
+    interval = pol.prefill_schedule_interval
+    b = max(x * eng.mean_o1 * eng.decode_step(1.0), 0.0)
+    prev_tbar = 0.0
+    for _ in range(80):  # decode batch <-> step time fixed point
+        c_free = max(budget - b, 1.0)
+        if np.isinf(cap):
+            rate = c_free
+        else:
+            # per-request chunk: the threshold, unless the prefills in flight share out the
+            # budget (processor sharing of what the decodes leave)
+            n_pref = x * float(np.mean(np.ceil(mix.u / cap))) * prev_tbar * interval
+            rate = min(cap, c_free / max(n_pref, 1.0)) if n_pref * cap > c_free else cap
+        k, ext, td = eng.prefill_runs(b, rate)
+        tbar = _mean_step(x, float(k.mean()), float(ext.mean()), td, interval, eng.dp,
+                          np.isinf(cap))
+        prev_tbar = tbar
+        if not np.isfinite(tbar) or tbar <= 0:
+            break
+        new_b = x * eng.mean_o1 * tbar
+        if abs(new_b - b) <= 1e-3 * max(b, 1.0):
+            break
+        b = 0.3 * b + 0.7 * new_b
+    share = 1.0 - td / tbar if np.isfinite(tbar) and tbar > 0 else 1.0
+    if share >= 1.0 or not np.isfinite(tbar):
+        return _State(x, b, td, tbar, k, ext, k * 0, 1.0, 0.0, 1.0,
+                      "prefill work fills every step: utilization >= 1")
+    # an arrival first waits out the step in flight: mean residual E[T²] / (2 E[T]), with the
+    # per-step extension second moment from the runs (k steps of height E/k each)
+    h = ext / np.maximum(k, 1.0)
+    ext2 = x * tbar * float(np.mean(k * h * h))
+    # ... only when a step is in flight: the engine idles when nothing decodes or prefills
+    busy = 1.0 - np.exp(-(b + x * float(k.mean()) * tbar))
+    in_flight = busy * (td * td + 2.0 * td * (tbar - td) + ext2) / (2.0 * tbar)
+    shots = None
+    if np.isinf(cap):
+        service = interval * k * td + ext
+        rho_p = x * float(service.mean())
+        if rho_p >= 1.0:
+            return _State(x, b, td, tbar, k, ext, service, rho_p, 0.0, share,
+                          f"prefill queue utilization {rho_p:.2f} >= 1 (FCFS on the budget)")
+        cs2 = float(service.var() / max(service.mean() ** 2, 1e-30))
+        if n_sessions:  # closed loop: finite-source wait (mean of the thinned P-K law)
+            grid_dt, busy, pmf = _wait_law(service, rho_p, x, mix.z, WAIT_GRID_FAST)
+            wait = float(np.sum(pmf * np.arange(len(pmf))) * grid_dt)
+            rho_p = busy
+        else:
+            wait = kingman_wait_s(rho_p, float(service.mean()), cs2, 1.0)
+        wait_scale = (ca2 + cs2) / (1.0 + cs2)
+        # the queue's wait covers arrivals during a prefill; idle arrivals wait out half a
+        # decode step
+        base = service
+        extra = (interval - 1) / 2.0 * tbar + busy * td / 2.0
+    else:
+        rho_tok = x * float(mix.u.mean()) * tbar / max(c_free, 1.0)
+        if rho_tok >= 1.0:
+            return _State(x, b, td, tbar, k, ext, k * 0, rho_tok, 0.0, share,
+                          f"prefill tokens need {rho_tok:.2f}x the step budget left by "
+                          "decodes: utilization >= 1")
+        rho_p, wait, wait_scale = 0.0, 0.0, 1.0
+        base = interval * k * tbar + ext
+        extra = (interval - 1) / 2.0 * tbar + in_flight
+        pick = np.linspace(0, len(k) - 1, min(len(k), 1500)).astype(int)
+        kk = np.maximum(k[pick], 1.0)
+        shots = (eng.dp * x * tbar, ext[pick] / kk, kk, interval * k, interval * k * td + ext)
+    return _State(x, b, td, tbar, k, ext, base, rho_p, wait, share, "", wait_scale,
+                  mix.z if n_sessions else None, extra, shots)
+
+
+def _mean_step(x, mean_k, mean_e, td, interval, dp, fcfs) -> float:
+    """Mean engine step: decode step + the prefill extension per step, where any lock-stepped
+    rank's prefill slows every rank (unaligned: 1-(1-p)^dp of steps; aligned by the cadence:
+    prefill only on every interval-th step). Fixed point in the step time itself."""
+    tbar = td
+    for _ in range(100):
+        if fcfs:
+            p_rank = min(x * mean_k * tbar * interval, 1.0)  # one prefill at a time
+        else:
+            p_rank = 1.0 - np.exp(-x * mean_k * tbar * interval)  # Poisson prefills in flight
+        per_slot = x * mean_e * tbar * interval / max(p_rank, 1e-12)  # extension | rank busy
+        any_rank = 1.0 - (1.0 - p_rank) ** dp
+        new = td + any_rank * per_slot / interval
+        if not np.isfinite(new) or new > 1e6 * td:
+            return float("inf")
+        if abs(new - tbar) < 1e-9 * max(tbar, 1e-9):
+            return new
+        tbar = new
+    return tbar
+
+
+def _closed_rate(eng: _Engine, n: float, ca2: float) -> tuple[float, _State]:
+    """Response-time law X = N / (Z + R(X)) by bisection (R grows with X)."""
+    z = float(eng.mix.z.mean())
+
+    def resp(x):
+        st = _solve_rate(eng, x, ca2, n)
+        if st.reason:
+            return np.inf, st
+        r = float(st.ttft_base.mean()) + st.extra + st.wait_mean * st.wait_scale \
+            + eng.mean_o1 * st.tbar
+        return r, st
+
+    r0, _ = resp(1e-9)
+    hi = n / max(z + r0, 1e-12)  # no queueing: the upper bound
+    lo = 0.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        r, _ = resp(mid)
+        if mid * (z + r) > n:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo < 2e-4 * hi:
+            break
+    r, st = resp(lo)
+    return lo, st
+
+
+def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Load, *,
+          hit_rate: float | None = None, slo_p90_interactivity: float | None = None,
+          slo_ttft_s: float | None = None, dp_ranks: int | None = None, mix_size: int = MIX_SIZE,
+          seed: int = 0) -> ServingResult:
+    """Closed-form serving of `workload` under `load` on one replica (`step_model`).
+
+    `load`: ClosedLoop(concurrency) sessions for the replica, OpenLoop(rate) or TraceArrivals.
+    `hit_rate`: token-weighted prefix-cache hit (default: the profile's own, i.e. an infinite
+    per-session cache; pass model.cache / model.cache_model's number to plug in a finite cache).
+    `dp_ranks`: lock-stepped attention ranks (default: step_model.plan.dp, else 1); the load is
+    spread evenly over them. SLO arguments add goodput (requests/s meeting both).
+    """
+    dp = int(dp_ranks or getattr(getattr(step_model, "plan", None), "dp", 1) or 1)
+    if isinstance(load, TraceArrivals):
+        rm = load.mix()
+        if hit_rate is not None:
+            raise ServecastError("serve: hit_rate: a trace replay brings its own cache hits")
+    elif workload is None:
+        raise ServecastError("serve: workload: needed for closed and open loads")
+    else:
+        rm = _cached_mix(workload, mix_size, seed, hit_rate)
+    gap = rm.gap_s
+    if isinstance(load, ClosedLoop):
+        gap = np.minimum(gap, load.gap_cap_s)
+    mix = _Mix(rm.context_tokens.astype(float), rm.uncached_tokens.astype(float),
+               rm.output_tokens.astype(float), gap.astype(float))
+    hit = RequestMix(mix.c, mix.u, mix.o, mix.z).hit_rate
+    eng = _Engine(step_model, mix, policy, dp)
+    gpus = int(getattr(step_model, "gpus", 1))
+
+    if isinstance(load, ClosedLoop):
+        n_rank = load.concurrency / dp
+        x, st = _closed_rate(eng, n_rank, 1.0)
+        if x <= 0 or st.reason:
+            return _unstable(st.reason or "no throughput", hit, policy)
+    else:
+        rate = load.rate_per_s
+        ca2 = load.interarrival_cv ** 2
+        x = rate / dp
+        st = _solve_rate(eng, x, ca2, None)
+        if st.reason:
+            return _unstable(st.reason, hit, policy)
+
+    # admission limit: running requests per rank (max_num_seqs, KV pool)
+    r_run = float(st.ttft_base.mean()) + st.extra + eng.mean_o1 * st.tbar
+    running = x * r_run
+    kv_tokens = float(np.asarray(getattr(step_model, "kv_capacity_tokens",
+                                         lambda c: np.inf)(float(mix.c.mean())))) / dp
+    kv_seqs = kv_tokens / float(np.mean(mix.c + mix.o))
+    limit, bounded = float(policy.max_num_seqs), ""
+    if kv_seqs < limit:
+        limit = kv_seqs
+        bounded_name = "kv_capacity"
+    else:
+        bounded_name = "max_num_seqs"
+    admit_wait = 0.0
+    if running > limit:
+        if not isinstance(load, ClosedLoop):
+            return _unstable(f"{running:.0f} requests per rank would run at once; "
+                             f"{bounded_name} allows {limit:.0f}", hit, policy)
+        # closed loop: throughput is capped, the remaining sessions queue for admission
+        bounded = bounded_name
+        x = limit / r_run
+        st = _solve_rate(eng, x, 1.0, n_rank)
+        r_run = float(st.ttft_base.mean()) + st.extra + eng.mean_o1 * st.tbar
+        x = limit / r_run
+        admit_wait = max(n_rank / x - float(mix.z.mean()) - r_run - st.wait_mean, 0.0)
+
+    ttft_q, ttft_mean = _ttft_quantiles(st, admit_wait + st.extra)
+    tpot_q, dists = _tpot_quantiles(eng, st, x, n_rank if isinstance(load, ClosedLoop)
+                                    else None)
+    x_rep = x * dp
+    tpgs = x_rep * float(np.mean(mix.c + mix.o)) / gpus
+    out_tps = x_rep * float(mix.o.mean()) / gpus
+    concurrency = (load.concurrency if isinstance(load, ClosedLoop)
+                   else x_rep * (ttft_mean + eng.mean_o1 * st.tbar))
+    names = [f"p{int(q * 100)}" for q in QUANTILES]
+    good, attain = None, None
+    if slo_p90_interactivity or slo_ttft_s:
+        attain = _slo_attainment(st, admit_wait + st.extra, dists,
+                                 slo_p90_interactivity / eng.q if slo_p90_interactivity
+                                 else None, slo_ttft_s)
+        good = x_rep * attain
+    return ServingResult(
+        stable=True, reason="",
+        ttft_s=dict(zip(names, map(float, ttft_q), strict=True)),
+        tpot_s={n: float(v) / eng.q for n, v in zip(names, tpot_q, strict=True)},
+        interactivity_tok_s={n: eng.q / float(v) for n, v in zip(names, tpot_q, strict=True)},
+        mean_ttft_s=ttft_mean, mean_tpot_s=float(st.tbar) / eng.q, tpgs=float(tpgs),
+        output_tokens_per_s_per_gpu=float(out_tps), requests_per_s=float(x_rep),
+        concurrency=float(concurrency), decode_batch_per_rank=float(st.b),
+        prefill_step_share=float(st.share), hit_rate=float(hit), bounded_by=bounded,
+        goodput_requests_per_s=good, slo_attainment=attain, policy=policy.as_dict())
+
+
+TTFT_GRID = 2**15
+TPOT_GRID = 4096
+WINDOW_BINS = 20
+
+
+def _ttft_distribution(st: _State, admit_wait: float) -> tuple[np.ndarray, np.ndarray]:
+    """(grid, pmf) of TTFT: own prefill time (+ FCFS M/G/1 wait, exact P-K transform); with a
+    threshold, own chunks at the decode step time + the other prefills' extensions landing in
+    the same steps (compound Poisson over a window of the request's own chunk count)."""
+    base = st.ttft_base + admit_wait
+    if st.shots is not None:
+        return _ttft_shared(st, admit_wait)
+    if st.rho_p <= 0 or st.wait_mean <= 0:
+        grid = np.sort(base)
+        return grid, np.full(len(grid), 1.0 / len(grid))
+    service = st.ttft_base
+    t_max = 4.0 * float(service.max()) + 40.0 * st.wait_mean / max(st.rho_p, 0.05)
+    dt = t_max / TTFT_GRID
+    if st.gaps is not None:
+        wait, _ = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID, st.gaps, st.x)
+    else:
+        wait, _ = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID)
+    if st.wait_scale != 1.0:  # Kingman: bursty arrivals stretch the wait
+        grid = np.arange(TTFT_GRID) * dt
+        cdf = np.interp(grid / st.wait_scale, grid, np.cumsum(wait))
+        wait = np.diff(cdf, prepend=0.0)
+    own = np.bincount(np.minimum((base / dt).astype(int), TTFT_GRID - 1),
+                      minlength=TTFT_GRID).astype(float)
+    own /= own.sum()
+    pmf = np.maximum(np.fft.irfft(np.fft.rfft(wait, 2 * TTFT_GRID)
+                                  * np.fft.rfft(own, 2 * TTFT_GRID), 2 * TTFT_GRID)[:TTFT_GRID],
+                     0.0)
+    return np.arange(TTFT_GRID) * dt, pmf / pmf.sum()
+
+
+def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
+    lam, heights, k, steps_own, own = st.shots
+    reps, weights = _window_bins(np.maximum(steps_own, 1.0))
+    edges = np.unique(np.round(np.geomspace(1, steps_own.max() + 2, WINDOW_BINS + 1)))
+    which = np.clip(np.searchsorted(edges, np.maximum(steps_own, 1.0), side="right") - 1, 0,
+                    len(edges) - 1)
+    t_max = float(own.max()) + shift
+    parts = []
+    for b in np.unique(which):
+        sel = which == b
+        win = float(np.median(steps_own[sel]))
+        y_max = lam * win * float((heights * k).mean()) * 6.0 + \
+            float((heights * np.minimum(k, win)).max()) * 2.0
+        parts.append((sel, win, y_max))
+        t_max = max(t_max, float(own[sel].max()) + shift + y_max)
+    n = 2**13
+    dt = t_max / n
+    total = np.zeros(n)
+    for sel, win, _ in parts:
+        pmf = compound_shot_pmf(lam, heights, k, win, dt, n, 1.0 + heights / st.tbar)
+        hist = np.bincount(np.minimum(((own[sel] + shift) / dt).astype(int), n - 1),
+                           minlength=n).astype(float)
+        conv = np.fft.irfft(np.fft.rfft(pmf, 2 * n) * np.fft.rfft(hist, 2 * n), 2 * n)[:n]
+        total += np.maximum(conv, 0.0)
+    return np.arange(n) * dt, total / total.sum()
+
+
+def _ttft_quantiles(st: _State, admit_wait: float):
+    grid, pmf = _ttft_distribution(st, admit_wait)
+    mean = float(np.mean(st.ttft_base)) + admit_wait + st.wait_mean * st.wait_scale
+    return quantiles_from_pmf(pmf, grid, QUANTILES), mean
+
+
+def _window_bins(w: np.ndarray):
+    """Group decode windows (steps) into log-spaced bins: representative window and weight."""
+    edges = np.unique(np.round(np.geomspace(1, w.max() + 1, WINDOW_BINS + 1)))
+    which = np.clip(np.searchsorted(edges, w, side="right") - 1, 0, len(edges) - 1)
+    reps, weights = [], []
+    for b in np.unique(which):
+        sel = w[which == b]
+        reps.append(float(np.median(sel)))
+        weights.append(len(sel))
+    return np.array(reps), np.array(weights, float)
+
+
+def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None):
+    """Per window bin: (window, weight, y grid, pmf of the prefill extension Y seen in the
+    window, sd of the window-averaged decode-step time). TPOT = T_d + Y / window + noise."""
+    w = eng.o1[eng.o1 >= 1]
+    if len(w) == 0:
+        return []
+    reps, weights = _window_bins(w)
+    lam = eng.dp * x * st.tbar  # prefill runs started per step, all ranks (lock-step)
+    mean_ext = st.tbar - st.td
+    scale = mean_ext / max(lam * float(st.ext.mean()), 1e-30) if mean_ext > 0 else 0.0
+    pick = np.linspace(0, len(st.k) - 1, min(len(st.k), 2000)).astype(int)
+    k = np.maximum(st.k[pick], 1.0)
+    heights = scale * st.ext[pick] / k
+    # decode-batch fluctuation: M/G/inf shot noise of decode runs, thinned by the finite
+    # session population of a closed loop (binomial instead of Poisson occupancy)
+    runs = w[np.linspace(0, len(w) - 1, min(len(w), 2000)).astype(int)]
+    var_b = shot_noise_var(x * st.tbar, np.ones(len(runs)), runs, reps) / reps**2
+    if n_rank:
+        var_b = var_b * max(1.0 - st.b / n_rank, 0.0)
+    slope = 0.0
+    if st.b > 1:
+        slope = (eng.decode_step(st.b + 1.0) - eng.decode_step(st.b - 1.0)) / 2.0
+    # Decode windows start when a prefill completes. With a threshold, prefills complete all the
+    # time, uniformly in time, so a step extended by h is (T + h) / T times as likely to hold a
+    # window start; without one (FCFS on the budget) nothing completes while a prefill holds the
+    # budget, so no window starts inside a run.
+    bias = 1.0 + heights / st.tbar if np.isfinite(eng.pol.chunk_cap) else np.zeros_like(heights)
+    out = []
+    for win, weight, vb in zip(reps, weights, var_b, strict=True):
+        mean_y = lam * win * float((heights * k).mean())
+        var_y = float(shot_noise_var(lam, heights, k, np.array([win]))[0])
+        y_max = mean_y + 12.0 * np.sqrt(var_y) + float((heights * np.minimum(k, win)).max())
+        if y_max <= 0:
+            out.append((win, weight, np.zeros(1), np.ones(1), abs(slope) * np.sqrt(vb)))
+            continue
+        sd = abs(slope) * np.sqrt(vb)
+        y_max += 8.0 * sd * win
+        dy = y_max / TPOT_GRID
+        pmf = compound_shot_pmf(lam, heights, k, win, dy, TPOT_GRID, bias)
+        y = np.arange(TPOT_GRID) * dy
+        if sd * win > dy:  # fold in the Gaussian batch noise (in Y units: sd · window)
+            half = int(np.ceil(5.0 * sd * win / dy))
+            kern = np.exp(-0.5 * (np.arange(-half, half + 1) * dy / (sd * win)) ** 2)
+            pmf = np.convolve(pmf, kern / kern.sum())
+            y = (np.arange(len(pmf)) - half) * dy
+        out.append((win, weight, y, pmf, 0.0))
+    return out
+
+
+def _tpot_cdf(st: _State, dists, grid: np.ndarray) -> np.ndarray:
+    cdf = np.zeros_like(grid)
+    total = sum(d[1] for d in dists)
+    for win, weight, y, pmf, _ in dists:
+        vals = st.td + y / win
+        cdf_b = np.interp(grid, vals, np.cumsum(pmf) / pmf.sum(), left=0.0, right=1.0)
+        cdf += weight / total * cdf_b
+    return np.maximum.accumulate(np.clip(cdf, 0.0, 1.0))
+
+
+def _tpot_quantiles(eng, st, x, n_rank):
+    dists = _tpot_distributions(eng, st, x, n_rank)
+    if not dists:
+        return np.full(len(QUANTILES), st.tbar), dists
+    hi = max(st.td + float(y[-1]) / win for win, _, y, _, _ in dists)
+    lo = max(min(st.td + float(y[0]) / win for win, _, y, _, _ in dists), 0.0)
+    grid = np.linspace(lo, hi, 4001)
+    cdf = _tpot_cdf(st, dists, grid)
+    return np.array([grid[min(np.searchsorted(cdf, q), len(grid) - 1)] for q in QUANTILES]), \
+        dists
+
+
+def _slo_attainment(st, admit_wait, dists, slo_inter, slo_ttft) -> float:
+    ok = 1.0
+    if slo_inter and dists:
+        ok *= float(_tpot_cdf(st, dists, np.array([1.0 / slo_inter]))[0])
+    if slo_ttft:
+        grid, pmf = _ttft_distribution(st, admit_wait)
+        ok *= float(np.sum(pmf[grid <= slo_ttft]))
+    return ok
+
+
+# ------------------------------------------------------------------ sweeps and the seed's claim
+
+def sweep(step_model, workload: Workload, policy: EnginePolicy, concurrencies, **kw
+          ) -> pd.DataFrame:
+    """Closed-loop serving at each concurrency: one row per point (unstable rows kept)."""
+    rows = []
+    for n in concurrencies:
+        r = serve(step_model, workload, policy, ClosedLoop(int(n)), **kw)
+        rows.append({"concurrency": int(n), "stable": r.stable, "reason": r.reason,
+                     "tpgs": r.tpgs, "p90_interactivity_tok_s": r.interactivity_tok_s["p90"],
+                     "p50_interactivity_tok_s": r.interactivity_tok_s["p50"],
+                     "p90_ttft_s": r.ttft_s["p90"], "p50_ttft_s": r.ttft_s["p50"],
+                     "mean_tpot_s": r.mean_tpot_s, "requests_per_s": r.requests_per_s,
+                     "decode_batch_per_rank": r.decode_batch_per_rank,
+                     "prefill_step_share": r.prefill_step_share, "bounded_by": r.bounded_by})
+    return pd.DataFrame(rows)
+
+
+def best_at_slo(frame: pd.DataFrame, slo_p90_interactivity: float) -> dict | None:
+    """The highest-TPGS stable row whose P90 interactivity meets the SLO."""
+    ok = frame[frame.stable & (frame.p90_interactivity_tok_s >= slo_p90_interactivity)]
+    if ok.empty:
+        return None
+    return ok.loc[ok.tpgs.idxmax()].to_dict()
+
+
+def default_concurrencies(max_concurrency: int = 1024) -> list[int]:
+    grid = sorted({int(round(v)) for v in np.geomspace(1, max_concurrency, 25)})
+    return grid
+
+
+def threshold_effect(step_model, workload: Workload, policy: EnginePolicy | None = None,
+                     threshold: int = 512, slo_p90_interactivity: float = 50.0,
+                     concurrencies=None, at_concurrency: int | None = None, **kw) -> dict:
+    """The seed's scheduling claim: `long_prefill_token_threshold` = threshold vs 0 (off).
+
+    Both policies are swept over closed-loop concurrency; for each, the best TPGS whose P90
+    interactivity meets the SLO (the seed's "TPGS @ P90 > 50 tok/s"). Reports the TPGS gain at
+    the SLO and the P90 interactivity ratio at the concurrency the threshold-off engine picks;
+    with `at_concurrency`, also both ratios at that fixed load (same sessions, same GPUs).
+    """
+    policy = policy or EnginePolicy()
+    concurrencies = list(concurrencies or default_concurrencies())
+    if at_concurrency is not None and at_concurrency not in concurrencies:
+        concurrencies = sorted(concurrencies + [int(at_concurrency)])
+    off = sweep(step_model, workload, policy.with_threshold(0), concurrencies, **kw)
+    on = sweep(step_model, workload, policy.with_threshold(threshold), concurrencies, **kw)
+    best_off = best_at_slo(off, slo_p90_interactivity)
+    best_on = best_at_slo(on, slo_p90_interactivity)
+    out = {"threshold": threshold, "slo_p90_interactivity_tok_s": slo_p90_interactivity,
+           "off": best_off, "on": best_on, "tpgs_gain": None, "p90_interactivity_ratio": None,
+           "sweep_off": off, "sweep_on": on}
+    if best_off and best_on:
+        out["tpgs_gain"] = best_on["tpgs"] / best_off["tpgs"] - 1.0
+        same = on[on.concurrency == best_off["concurrency"]].iloc[0]
+        if same.stable:
+            out["p90_interactivity_ratio"] = (same.p90_interactivity_tok_s
+                                              / best_off["p90_interactivity_tok_s"])
+    both = off.stable.to_numpy() & on.stable.to_numpy()
+    if both.any():  # "up to": the largest gain over the loads both policies sustain
+        ratio = on.tpgs.to_numpy(float)[both] / off.tpgs.to_numpy(float)[both]
+        i = int(np.argmax(ratio))
+        out["tpgs_gain_max"] = float(ratio[i] - 1.0)
+        out["tpgs_gain_max_concurrency"] = int(off.concurrency.to_numpy()[both][i])
+    if at_concurrency is not None:
+        a = off[off.concurrency == at_concurrency].iloc[0]
+        b = on[on.concurrency == at_concurrency].iloc[0]
+        if a.stable and b.stable:
+            out["tpgs_ratio_at_concurrency"] = b.tpgs / a.tpgs
+            out["p90_interactivity_ratio_at_concurrency"] = (b.p90_interactivity_tok_s
+                                                             / a.p90_interactivity_tok_s)
+            out["p90_ttft_ratio_at_concurrency"] = b.p90_ttft_s / a.p90_ttft_s
+    return out

@@ -1,0 +1,48 @@
+"""`bench_serving()`: speed of the closed-form serving model and of the simulator (make bench)."""
+
+from __future__ import annotations
+
+import time
+
+
+def _best_of(fn, repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bench_serving() -> dict:
+    from model.policy import EnginePolicy
+    from model.serving import AffineStepModel, serve, sweep
+    from model.simulate import simulate
+    from model.workload import ClosedLoop, OpenLoop, load_workload
+
+    sm = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
+    agentx = load_workload("agentx")
+    off, on = EnginePolicy(8192, 256, 0), EnginePolicy(8192, 256, 512)
+    serve(sm, agentx, off, ClosedLoop(64))  # warm the request-mix and step-table caches
+    out = {
+        "serve_agentx_closed_ms": 1e3 * _best_of(lambda: serve(sm, agentx, off, ClosedLoop(64))),
+        "serve_agentx_threshold_ms": 1e3 * _best_of(
+            lambda: serve(sm, agentx, on, ClosedLoop(64))),
+        "sweep_agentx_8_points_s": _best_of(
+            lambda: sweep(sm, agentx, on, [8, 16, 32, 64, 96, 128, 192, 256]), 1),
+    }
+    start = time.perf_counter()
+    res = simulate(sm, load_workload("fixed-8k1k"), off, OpenLoop(1.0), duration_s=600, seed=0)
+    wall = time.perf_counter() - start
+    out["simulate_fixed_8k1k_steps_per_s"] = res.steps / wall
+    out["simulate_fixed_8k1k_sim_s_per_wall_s"] = 600.0 / wall
+    start = time.perf_counter()
+    res = simulate(sm, agentx, on, ClosedLoop(64), duration_s=600, seed=0)
+    wall = time.perf_counter() - start
+    out["simulate_agentx_steps_per_s"] = res.steps / wall
+    out["simulate_agentx_sim_s_per_wall_s"] = 600.0 / wall
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+if __name__ == "__main__":
+    print(bench_serving())

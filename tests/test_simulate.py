@@ -1,0 +1,123 @@
+"""Discrete-event oracle (model.simulate) and the closed form's agreement with it on named
+scenarios. The tolerances are the agreement measured when the closed form was built (quoted per
+scenario); where they exceed 10% the comment says why the two part."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from model import ROOT
+from model.policy import EnginePolicy
+from model.serving import AffineStepModel, serve
+from model.simulate import simulate
+from model.workload import WORKLOADS_DIR, OpenLoop, TraceArrivals, load_workload, workload_from_dict
+
+SM = AffineStepModel(a=0.012, b=3e-5, c=1e-4, d=1.5e-9, e=2e-10)
+
+
+def _rel(cf: dict, sim: dict) -> dict:
+    return {k: cf[k] / sim[k] - 1.0 for k in cf}
+
+
+def test_single_request_replays_the_step_model_exactly():
+    # one 1024-token prompt, 4 output tokens, idle engine: TTFT = one prefill step
+    # a + b*1024 + e*1024*1024 (end-of-chunk context); then 3 decode steps of a + c + d*ctx
+    ta = TraceArrivals(np.array([0.0]), np.array([1024.0]), np.array([1024.0]), np.array([4.0]))
+    r = simulate(SM, None, EnginePolicy(), ta, duration_s=10.0, warmup_s=0.0)
+    prefill = 0.012 + 3e-5 * 1024 + 2e-10 * 1024 * 1024
+    assert r.ttft_s[0] == pytest.approx(prefill, rel=1e-9)
+    decode = [0.012 + 1e-4 + 1.5e-9 * (1024 + g) for g in (1, 2, 3)]
+    assert r.tpot_s[0] == pytest.approx(np.mean(decode), rel=1e-9)
+
+
+def test_threshold_chunks_a_prompt_into_threshold_sized_steps():
+    # 2048-token prompt, threshold 512, idle engine: 4 chunk steps (theory T21), the i-th at
+    # end-of-chunk context 512*i
+    ta = TraceArrivals(np.array([0.0]), np.array([2048.0]), np.array([2048.0]), np.array([1.0]))
+    r = simulate(SM, None, EnginePolicy(8192, 256, 512), ta, duration_s=10.0, warmup_s=0.0)
+    steps = [0.012 + 3e-5 * 512 + 2e-10 * 512 * 512 * i for i in (1, 2, 3, 4)]
+    assert r.ttft_s[0] == pytest.approx(sum(steps), rel=1e-9)
+
+
+def test_md1_prefill_queue_agrees_within_10_percent():
+    # 4000-token prompts, 2 output tokens, Poisson 2/s: an M/D/1 queue of one-step prefills.
+    # Measured: TTFT p50 +4.7%, p90 -5.3%, p99 -5.8% (closed form vs 4000 s simulated).
+    d = yaml.safe_load((WORKLOADS_DIR / "fixed-8k1k.yaml").read_text())
+    d["input_tokens"]["dist"]["value"] = 4000
+    d["output_tokens"]["dist"]["value"] = 2
+    w = workload_from_dict(d)
+    sm = AffineStepModel(a=0.012, b=3e-5, c=1e-4, d=1.5e-9, e=0.0)
+    pol = EnginePolicy(8192, 256, 0)
+    sim = simulate(sm, w, pol, OpenLoop(2.0), duration_s=4000, seed=3).summary()
+    cf = serve(sm, w, pol, OpenLoop(2.0))
+    for k, v in _rel(cf.ttft_s, sim["ttft_s"]).items():
+        assert abs(v) < 0.10, (k, v)
+    assert cf.tpgs == pytest.approx(sim["tpgs"], rel=0.03)
+
+
+def test_fixed_8k1k_open_loop_agreement():
+    # Poisson 1 req/s of 8k/1k, threshold off. Measured: TPOT p50 0.0%, p90 -6.1%, p99 -6.3%;
+    # TTFT p50 -1.8%, p90 -19.9%, p99 -21.2%; TPGS +0.9%. The TTFT tail parts because the
+    # closed form serves each prefill at the mean decode batch, while in the simulation a
+    # prefill that meets a larger batch is slower and the queue behind it grows (service time
+    # and queue length are positively correlated).
+    w = load_workload("fixed-8k1k")
+    pol = EnginePolicy(8192, 256, 0)
+    sim = simulate(SM, w, pol, OpenLoop(1.0), duration_s=1500, seed=1).summary()
+    cf = serve(SM, w, pol, OpenLoop(1.0))
+    tpot, ttft = _rel(cf.tpot_s, sim["tpot_s"]), _rel(cf.ttft_s, sim["ttft_s"])
+    assert all(abs(v) < 0.10 for v in tpot.values()), tpot
+    assert abs(ttft["p50"]) < 0.10, ttft
+    assert abs(ttft["p90"]) < 0.25 and abs(ttft["p99"]) < 0.25, ttft
+    assert cf.tpgs == pytest.approx(sim["tpgs"], rel=0.03)
+
+
+def test_mooncake_conversation_open_loop_agreement():
+    # Mooncake conversation lengths (37% prefix hit), Poisson 1 req/s, threshold off. Measured:
+    # TTFT p50 +1.2%, p90 +5.9%, p99 +13.7%; TPOT p50 +0.1%, p90 -14.9%, p99 -52%. The TPOT
+    # tail parts: a long prefill (input p99 85K) lands on few decode windows, and the closed
+    # form's window statistics (Poisson starts of prefill runs) under-weight the clustering of
+    # long prompts.
+    w = load_workload("mooncake-conversation")
+    pol = EnginePolicy(8192, 256, 0)
+    sim = simulate(SM, w, pol, OpenLoop(1.0), duration_s=1500, seed=1).summary()
+    cf = serve(SM, w, pol, OpenLoop(1.0))
+    ttft, tpot = _rel(cf.ttft_s, sim["ttft_s"]), _rel(cf.tpot_s, sim["tpot_s"])
+    assert abs(ttft["p50"]) < 0.10 and abs(ttft["p90"]) < 0.10 and abs(ttft["p99"]) < 0.20
+    assert abs(tpot["p50"]) < 0.02 and abs(tpot["p90"]) < 0.20
+    assert cf.tpgs == pytest.approx(sim["tpgs"], rel=0.05)
+
+
+def test_prefill_schedule_interval_keeps_prefill_off_the_steps_between():
+    # interval 2: prefill only on even steps (theory §1.1), so with a steady decode load at most
+    # half of the steps carry prefill tokens
+    w = load_workload("fixed-1k1k")
+    r = simulate(SM, w, EnginePolicy(8192, 256, 0, 2), OpenLoop(4.0), duration_s=120, seed=0)
+    assert np.mean(r.step_prefill_tokens > 0) <= 0.5 + 1e-9
+    assert r.completed > 200
+
+
+def test_agentx_sample_trace_replay_agreement():
+    # The 20 AgentX (WEKA 042026) sample sessions replayed closed-loop, 16 lanes, recorded think
+    # times capped at AgentX's 10 s idle cap, threshold 512. Measured (3000 s simulated): TTFT
+    # p50 +0.9%, p90 -6.4%, p99 +10.4%; TPOT p50 +5.2%, p90 +8.3%, p99 -6.0%; TPGS +8.9% (the
+    # closed form draws requests independently, while a lane stuck in a long-context session
+    # keeps sending long contexts, which lowers the simulated request rate).
+    from model.traces import load_trace
+    from model.workload import ClosedLoop, RecordedWorkload
+
+    sample = ROOT / "data" / "traces" / "cc_traces_weka_042026_sample"
+    if not sample.exists():
+        pytest.skip("AgentX sample traces not in the repository")
+    rw = RecordedWorkload(load_trace(sample), "agentx-sample")
+    assert rw.hit_rate == pytest.approx(0.950, abs=0.002)  # per-session prefix replay
+    sm = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
+    pol, load = EnginePolicy(8192, 256, 512), ClosedLoop(16, 10.0)
+    sim = simulate(sm, rw, pol, load, duration_s=3000, seed=1).summary()
+    cf = serve(sm, rw, pol, load)
+    ttft, tpot = _rel(cf.ttft_s, sim["ttft_s"]), _rel(cf.tpot_s, sim["tpot_s"])
+    assert abs(ttft["p50"]) < 0.10 and abs(ttft["p90"]) < 0.10 and abs(ttft["p99"]) < 0.15
+    assert all(abs(v) < 0.10 for v in tpot.values()), tpot
+    assert cf.tpgs == pytest.approx(sim["tpgs"], rel=0.12)
