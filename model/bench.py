@@ -20,6 +20,7 @@ BENCHES = (
     ("search", "model.search_bench", "bench_search"),
     ("serving", "model.serving_bench", "bench_serving"),
     ("cache", "model.cache_bench", "bench_cache"),
+    ("reproduce", "model.reproduce", "bench_reproduce"),
 )
 
 

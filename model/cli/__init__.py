@@ -8,6 +8,11 @@ import sys
 
 import typer
 
+try:  # typer >= 0.20 vendors its own click
+    from typer._click import exceptions as _click_exceptions
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import exceptions as _click_exceptions
+
 from model.errors import ServecastError
 
 COMMAND_MODULES = ("hardware", "arch", "perf", "cache", "plan", "serve", "papers", "batch")
@@ -25,7 +30,7 @@ for _name in COMMAND_MODULES:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors print `servecast: error: ...` on stderr and exit 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        return app(args=argv, standalone_mode=False) or 0
     except ServecastError as err:
         print(f"servecast: error: {err}", file=sys.stderr)
         return 2
@@ -34,14 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         print("servecast: aborted", file=sys.stderr)
         return 130
-    except Exception as err:  # click usage errors carry their own one-line message
-        import click
-
-        if isinstance(err, click.ClickException):
-            print(f"servecast: error: {err.format_message()}", file=sys.stderr)
-            return 2
-        raise
-    return 0
+    except _click_exceptions.NoArgsIsHelpError as err:
+        err.show()
+        return 2
+    except _click_exceptions.ClickException as err:  # usage errors: bad flag, missing argument
+        print(f"servecast: error: {err.format_message()}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""Batch runner: grid validation, parallel papermill runs, failure isolation, resume, summaries.
+
+The notebook is `tests/data/notebooks/tiny.py`: headline `product = x * y`, and a product above
+`limit` (50) raises `Infeasible`, which stands in for an impossible deployment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from model.batch import load_grid, run_batch, scenario_id
+from model.errors import ServecastError, SpecError
+
+TINY = Path(__file__).parent / "data" / "notebooks" / "tiny.py"
+
+
+def write_grid(tmp_path: Path, grid: dict, parameters: dict | None = None,
+               notebook: str = str(TINY), name: str = "grid.yaml") -> Path:
+    path = tmp_path / name
+    body = {"notebook": notebook, "parameters": parameters or {}, "grid": grid}
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_twelve_scenarios_one_impossible_then_resume(tmp_path):
+    # x in {1,2,3,10} by y in {1,2,6}: products 1,2,6, 2,4,12, 3,6,18, 10,20,60; only 10*6 = 60
+    # exceeds the limit of 50, so exactly one of the 12 scenarios is impossible.
+    grid = write_grid(tmp_path, {"x": [1, 2, 3, 10], "y": [1, 2, 6]}, {"label": "t"})
+    out = tmp_path / "out"
+    first = run_batch(grid, out, workers=2, progress=False)
+    assert (first.scenarios, first.succeeded, first.failed, first.skipped) == (12, 11, 1, 0)
+
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 12
+    failed = summary[summary["status"] == "failed"]
+    assert failed["scenario"].tolist() == ["x=10__y=6"]
+    assert failed["error"].iloc[0] == "Infeasible: x*y = 60 exceeds limit 50"
+    ok = summary[summary["status"] == "succeeded"]
+    assert (ok["product"] == ok["x"] * ok["y"]).all()  # headline numbers flattened into columns
+    assert set(ok["detail.x"]) == {1, 2, 3, 10}  # nested headline dicts become dotted columns
+    assert ok["executed_notebook"].map(lambda p: Path(p).is_file()).all()
+    parquet = pd.read_parquet(out / "summary.parquet")
+    assert parquet["scenario"].tolist() == summary["scenario"].tolist()
+    assert not list(out.glob(".summary*"))  # no temporary files left behind
+
+    # Rerun: the 11 finished scenarios are skipped (not re-executed), the failed one reruns.
+    stamp = (out / "scenarios" / "x=1__y=1" / "headline.json").stat().st_mtime_ns
+    second = run_batch(grid, out, workers=2, progress=False)
+    assert (second.succeeded, second.failed, second.skipped) == (11, 1, 11)
+    assert (out / "scenarios" / "x=1__y=1" / "headline.json").stat().st_mtime_ns == stamp
+
+
+def test_changed_parameters_are_not_taken_as_finished(tmp_path):
+    # The completion marker records the parameters; a changed fixed parameter means rerun.
+    out = tmp_path / "out"
+    run_batch(write_grid(tmp_path, {"x": [2]}, {"y": 3}), out, workers=1, progress=False)
+    again = run_batch(write_grid(tmp_path, {"x": [2]}, {"y": 4}), out, workers=1,
+                      progress=False)
+    assert again.skipped == 0
+    assert again.summary["product"].tolist() == [8]  # 2 * 4, not the stale 2 * 3
+
+
+def test_dask_scheduler_runs_scenarios(tmp_path):
+    from distributed import LocalCluster
+
+    grid = write_grid(tmp_path, {"x": [2, 30]}, {"y": 2})  # 2*2 = 4 fine; 30*2 = 60 > 50
+    # In-process workers (threads): the test process already imported papermill.
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=None) as cluster:
+        result = run_batch(grid, tmp_path / "out", scheduler=cluster.scheduler_address,
+                           progress=False)
+    assert (result.succeeded, result.failed) == (1, 1)
+    assert result.summary.set_index("scenario").loc["x=2", "product"] == 4
+
+
+def test_scenarios_are_the_cartesian_product(tmp_path):
+    grid = load_grid(write_grid(tmp_path, {"x": [1, 2, 3], "y": [4, 5]}, {"label": "L"}))
+    scenarios = grid.scenarios()
+    assert len(scenarios) == 6  # 3 x 2
+    assert scenarios[0].parameters == {"label": "L", "x": 1, "y": 4}
+    assert [s.id for s in scenarios][:2] == ["x=1__y=4", "x=1__y=5"]
+    assert scenario_id({"arch": "kimi-k3", "gpus": -1}) == "arch=kimi-k3__gpus=-1"
+
+
+@pytest.mark.parametrize(("body", "key", "message"), [
+    ({"notebook": str(TINY), "grid": {"x": [1]}, "extra": 1}, "extra", "unknown key"),
+    ({"grid": {"x": [1]}}, "notebook", "missing"),
+    ({"notebook": str(TINY), "grid": {"x": []}}, "grid.x", "non-empty list"),
+    ({"notebook": str(TINY), "grid": {"z": [1]}}, "grid.z", "not a parameter of tiny.py"),
+    ({"notebook": str(TINY), "parameters": {"x": 1}, "grid": {"x": [2]}}, "grid.x",
+     "also set under parameters"),
+    ({"notebook": "no-such-notebook", "grid": {}}, "notebook", "unknown notebook"),
+])
+def test_grid_errors_name_file_and_key(tmp_path, body, key, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(body))
+    with pytest.raises(SpecError) as err:
+        load_grid(path)
+    assert err.value.key == key
+    assert message in err.value.problem
+    assert str(path) in str(err.value)
+
+
+def test_missing_grid_file_is_a_user_error(tmp_path):
+    with pytest.raises(ServecastError, match="not found"):
+        load_grid(tmp_path / "absent.yaml")
+
+
+def test_cli_unknown_notebook_is_one_line_exit_2(tmp_path, cli):
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"notebook": "nope", "grid": {"x": [1]}}))
+    result = cli("batch", str(grid), "--out", str(tmp_path / "out"), "--json")
+    assert result.code == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "notebook" in lines[0] and "unknown notebook 'nope'" in lines[0]
+
+
+def test_cases_multiply_the_grid(tmp_path):
+    # Two cases (parameters that go together) x grid y in {1, 2} = 4 scenarios, cases first.
+    path = tmp_path / "cases.yaml"
+    path.write_text(yaml.safe_dump({"notebook": str(TINY), "grid": {"y": [1, 2]},
+                                    "cases": [{"x": 1, "label": "a"}, {"x": 5, "label": "b"}]}))
+    scenarios = load_grid(path).scenarios()
+    # safe_dump sorts keys, so each case reads label then x.
+    assert [s.id for s in scenarios] == ["label=a__x=1__y=1", "label=a__x=1__y=2",
+                                         "label=b__x=5__y=1", "label=b__x=5__y=2"]
+    assert scenarios[3].parameters == {"x": 5, "label": "b", "y": 2}
+
+
+def test_default_grid_is_the_seed_deployments():
+    # notebooks/grids/default.yaml (`make run`): the three rows of the seed's results table.
+    grid = load_grid(Path(__file__).parent.parent / "notebooks" / "grids" / "default.yaml")
+    rows = [(s.parameters["arch"], s.parameters["hardware"], s.parameters["gpus"])
+            for s in grid.scenarios()]
+    assert rows == [("deepseek-v4-pro", "gb300-nvl72", 12), ("minimax-m3", "b300", 2),
+                    ("kimi-k3", "gb300-nvl72", 16)]
+    assert [s.parameters["precision"] for s in grid.scenarios()] == ["", "fp8", ""]
+    assert grid.scenarios()[1].id == "arch=minimax-m3__hardware=b300__gpus=2__precision=fp8"
+    assert grid.notebook.name == "plan.py"
+    assert grid.parameters == {"workload": "agentx", "slo_p90_interactivity": 50}
+
+
+def test_cli_batch_json_contract(tmp_path, cli):
+    # 2*3 = 6 runs; 30*3 = 90 > 50 fails: the JSON names both counts, then one error line on
+    # stderr and exit status 2 flag the failure.
+    grid = write_grid(tmp_path, {"x": [2, 30]}, {"y": 3})
+    result = cli("batch", str(grid), "--out", str(tmp_path / "out"), "--workers", "2", "--json")
+    assert result.code == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("servecast: error: 1 of 2 scenarios")
+    out = result.json
+    assert (out["scenarios"], out["succeeded"], out["failed"]) == (2, 1, 1)
+    assert out["summary_path"] == str(tmp_path / "out" / "summary.csv")
+    assert out["failures"] == [{"scenario": "x=30",
+                                "error": "Infeasible: x*y = 90 exceeds limit 50"}]
