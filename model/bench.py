@@ -16,6 +16,7 @@ from model import ROOT
 from model.nbio import write_atomic
 
 BENCHES = (
+    ("kernels", "model.calibrate", "bench_kernels"),
     ("perf", "model.perf_bench", "bench_perf"),
     ("search", "model.search_bench", "bench_search"),
     ("serving", "model.serving_bench", "bench_serving"),

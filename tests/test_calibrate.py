@@ -1,0 +1,89 @@
+"""Fitting code (model.calibrate) and the stored fits (data/calibration/kernels.yaml)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model import calibrate as C
+from model import kernels
+from model.roofline import roofline_time_s
+
+
+def test_fit_recovers_known_parameters():
+    # synthetic GEMM-like rows from a known curve: the fit must find it again
+    rng = np.random.default_rng(0)
+    m = rng.choice([1, 4, 16, 64, 256, 1024, 4096, 16384], 400).astype(float)
+    n = k = rng.choice([1024, 4096, 8192], 400).astype(float)
+    flops, bytes_ = 2 * m * n * k, 2 * (m * k + n * k + m * n)
+    truth = kernels.KernelParams(0.8, 50.0, 0.85, 5e-6)
+    t = roofline_time_s(flops, bytes_, 989.4e12, 3.35e12, truth, m)
+    s = C.Samples(flops, bytes_, m, 989.4e12, 3.35e12, np.zeros(400), t, np.zeros(400, int))
+    theta = C.fit(s)
+    assert theta[0] == pytest.approx(0.8, rel=0.02)
+    assert theta[1] == pytest.approx(50.0, rel=0.1)
+    assert theta[2] == pytest.approx(0.85, rel=0.02)
+    assert np.median(C.ape(theta, s)) < 1e-3
+
+
+def test_heldout_kda_decode_and_prefill():
+    # data/calibration/ops/h100_sxm/kda.parquet (Kimi Delta Attention), 5-fold over
+    # (heads, batch) groups; measured held-out medians 5.2% (decode) and 13.2% (prefill)
+    dec = C.heldout_ape(C.kda_samples("h100_sxm", "decode"))
+    pre = C.heldout_ape(C.kda_samples("h100_sxm", "prefill"))
+    assert np.median(dec) <= 0.08
+    assert np.median(pre) <= 0.15
+
+
+def test_heldout_nccl_all_reduce():
+    # data/calibration/ops/h100_sxm/nccl.parquet all_reduce, 5-fold over message-size octaves;
+    # measured held-out median 13.3% (p90 ~30%: NCCL protocol switches are not smooth)
+    errors = C.comm_heldout_ape(C.comm_samples("h100_sxm", "all_reduce", "nccl"))
+    assert np.median(errors) <= 0.15
+
+
+def test_stored_fits_carry_provenance_and_heldout_error():
+    table = kernels.fitted_table()
+    assert set(table) == {"h100_sxm", "h200_sxm", "b200_sxm"}
+    for chip, classes in table.items():
+        for op_class, by_key in classes.items():
+            for key, entry in by_key.items():
+                assert entry["dataset"].startswith(f"ops/{chip}/"), (chip, op_class, key)
+                if op_class != "memory":
+                    assert entry["rows"] >= C.MIN_ROWS
+                    assert 0 <= entry["heldout_median_ape"] <= entry["heldout_p90_ape"]
+
+
+# Held-out medians measured by `python -m model.calibrate` (data/calibration/kernel_report.md),
+# per chip: (h100_sxm, h200_sxm, b200_sxm); asserted with a 1-point margin for refits.
+MEASURED_HELDOUT = {
+    ("gemm", "bf16"): (0.076, 0.083, 0.105),
+    ("attention.gqa.decode", "bf16"): (0.120, 0.120, 0.079),
+    ("attention.gqa.prefill", "bf16"): (0.120, 0.122, 0.169),
+    ("attention.mla.decode", "fp8"): (0.078, 0.080, 0.133),
+    ("moe", "fp8_block"): (0.101, 0.111, 0.138),
+    ("collective.all_reduce", "custom"): (0.110, 0.101, 0.106),
+    ("collective.reduce_scatter", "nccl"): (0.087, 0.094, 0.076),
+}
+
+
+def test_heldout_report_matches_measured_errors():
+    report = C.heldout_report().set_index(["chip", "op_class", "key"])
+    for (op_class, key), values in MEASURED_HELDOUT.items():
+        for chip, expected in zip(("h100_sxm", "h200_sxm", "b200_sxm"), values, strict=True):
+            got = report.loc[(chip, op_class, key), "heldout_median_ape"]
+            assert got <= expected + 0.01, (chip, op_class, key, got)
+    # target of issue 3: per-op median <= 15%; met by the median op class, not by every one
+    # (fp8_block GEMM, MoE mxfp4, DSV4 prefill, all-to-all miss it: see the report)
+    per_class = report.groupby(level="op_class")["heldout_median_ape"].median()
+    assert per_class.median() <= 0.15
+    assert (per_class <= 0.15).mean() >= 0.6
+
+
+def test_transfer_h100_to_h200_gqa_decode():
+    # leave-one-chip-out: H200 decode attention predicted from the H100 fit (same Hopper
+    # die, 4.8 vs 3.35 TB/s HBM): median error 13.3% in kernel_report.md
+    entry = kernels.fitted_table()["h100_sxm"]["attention.gqa.decode"]["bf16"]
+    s = C.gqa_samples("h200_sxm", "decode", "bf16")
+    errors = C.ape(C._theta(entry), s)
+    assert np.median(errors) <= 0.16
