@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from model import ROOT
 from model.errors import ServecastError, SpecError
@@ -42,6 +41,7 @@ from model.nbio import (
     read_headline,
     write_atomic,
 )
+from model.specio import read_yaml_mapping
 
 GRID_KEYS = ("notebook", "parameters", "grid", "cases")
 DONE = ".done"
@@ -160,14 +160,7 @@ def notebook_parameters(path: Path) -> dict[str, str]:
 def load_grid(path: str | Path) -> Grid:
     """Read and validate a grid YAML; every problem names the file and the key."""
     path = Path(path)
-    if not path.is_file():
-        raise ServecastError(f"grid file {str(path)!r} not found")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SpecError(path, "(file)", f"not valid YAML: {str(err).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise SpecError(path, "(file)", "expected a mapping with keys notebook, parameters, grid")
+    raw = read_yaml_mapping(path)
     unknown = sorted(set(raw) - set(GRID_KEYS))
     if unknown:
         raise SpecError(path, unknown[0], f"unknown key; allowed: {', '.join(GRID_KEYS)}")

@@ -9,8 +9,12 @@ interactivity; the best candidate meeting the SLO; its cost (`model.cost`) and l
 
 Documented assumptions (the same for every model and chip, no per-row factors):
 - traffic: the workload's request mix (AgentX: 20K requests, seed 0), think gaps capped at 300 s;
-- prefix caching: the workload's infinite-cache hit rate; sessions that do not fit in HBM reload
-  their KV from host memory over the host link (tiered offload, as the post runs Mooncake);
+- deployment recipe per model family (data/deployments/, model.recipes): served weight precision,
+  KV-cache dtype, speculative decoding (off unless an acceptance rate is sourced);
+- prefix caching answers to capacity and policy (model.search_cache): each candidate's HBM pool
+  (model.memory via model.tiers) plus host DRAM (tiered offload, as the post runs Mooncake), LRU
+  by default, sticky sessions; the hit rate by tier at the candidate's sessions per replica from
+  model.cache_model; evicted prefixes are recomputed, host hits reloaded (model.tiers);
 - engine: vLLM defaults (8192 batched tokens, 256 seqs per DP rank), the calibrated engine factors
   of `model.step`; thresholds searched among {off, 512, 2048}, prefill interval among {1, 2};
 - KV hand-off: only the turn's new tokens move (sticky sessions on decode), packed layout;
@@ -47,6 +51,13 @@ from model.search import (
     step_grid,
     traffic_from_workload,
 )
+from model.search_cache import (
+    DEFAULT_TIERS,
+    CacheSetup,
+    reload_s_per_token,
+    replica_capacities,
+    tier_hits_interp,
+)
 
 DEFAULT_SCENARIO = {"arch": "deepseek-v4-pro", "hardware": "gb300-nvl72", "gpus": 12,
                     "workload": "agentx", "slo_p90_interactivity": 50.0}
@@ -71,6 +82,7 @@ class PlanResult:
     traffic: Traffic
     assumptions: list[str] = field(default_factory=list)
     search_seconds: float = 0.0
+    serving_check: dict | None = None  # engineer E's serve() on the best aggregated candidate
 
     def contract(self) -> dict[str, object]:
         """The `servecast plan --json` object (DESIGN.md command-line contract)."""
@@ -92,6 +104,8 @@ class PlanResult:
             "candidates": int(len(self.candidates)),
             "pareto_points": int(len(self.pareto)),
             "search_seconds": self.search_seconds,
+            "hit_rate": float(b.get("hit_rate", self.traffic.hit_rate)),
+            "serving_check": self.serving_check,
             "assumptions": self.assumptions,
         }
 
@@ -107,6 +121,10 @@ def _load(arch, hardware, workload):
     h = load_hardware(hardware) if isinstance(hardware, str) else hardware
     w = load_workload(workload) if isinstance(workload, str) else workload
     return a, h, w
+
+
+def _hw_name(hw) -> str:
+    return hw.name if hasattr(hw, "name") else str(hw)  # str() of a pydantic spec is slow
 
 
 def api_price(name: str):
@@ -139,6 +157,7 @@ class _PlanModel:
     table: StepTable
     kv_tokens: float
     tokens_per_step: float
+    table_context: float = 0.0  # mean input tokens per request the table was built at
 
 
 _MODEL_CACHE: dict[tuple, _PlanModel | None] = {}
@@ -167,7 +186,7 @@ def _plan_models(arch, hw, sizes, phases, traffic, precision, kv_dtype, chunk,
     sized = with_precision(arch, precision)  # weights must fit at the serving precision
     grid = step_grid(max(GRID["p_max_per_rank"], chunk) * max_dp, GRID["b_max"], GRID["points"])
     arch_key = (arch.name, arch.weight_dtype, arch.source)
-    hw_name = getattr(hw, "name", str(hw))
+    hw_name = _hw_name(hw)
     seen, out = set(), []
     for g in sizes:
         for phase in phases:
@@ -190,12 +209,31 @@ def _plan_models(arch, hw, sizes, phases, traffic, precision, kv_dtype, chunk,
                         _REJECTED[(arch_key, hw_name)] = str(err)
                         continue
                     table = StepTable(step, traffic.context_mean, chunk, 0, 0, grid=grid)
-                    kv = float(np.asarray(step.kv_capacity_tokens(traffic.context_mean)))
+                    kv = _kv_capacity_tokens(sized, hw, plan, kv_dtype, step,
+                                             traffic.context_mean)
+                    if kv <= 0:
+                        _MODEL_CACHE[key] = None
+                        _REJECTED[(arch_key, hw_name)] = f"{plan.label()}: no KV pool left"
+                        continue
                     _MODEL_CACHE[key] = _PlanModel(plan, hw_name, step, table, kv, float(
-                        getattr(step, "tokens_per_decode_step", 1.0)))
+                        getattr(step, "tokens_per_decode_step", 1.0)), traffic.context_mean)
                 if _MODEL_CACHE[key] is not None:
                     out.append(_MODEL_CACHE[key])
     return out
+
+
+def _kv_capacity_tokens(sized_arch, hw, plan: ParallelPlan, kv_dtype, step,
+                        context: float) -> float:
+    """Tokens of KV one replica's HBM pool holds at `context`: model.memory.hbm_budget (the memory
+    owner's budget: weights, activations, runtime reserve, allocator pages) via
+    model.tiers.tier_capacity_tokens, the same number the cache model gets. Falls back to the step
+    model's own pool estimate when the budget cannot be formed (budget 0 = infeasible)."""
+    try:
+        return replica_capacities(sized_arch, hw, plan, kv_dtype, ("hbm",), context)["hbm"]
+    except Infeasible:
+        return 0.0
+    except (ServecastError, ValueError, AttributeError):
+        return float(np.asarray(step.kv_capacity_tokens(context)))
 
 
 def _host_reload_s_per_token(hw, kv_bytes_per_token: float, plan: ParallelPlan) -> float:
@@ -207,10 +245,76 @@ def _host_reload_s_per_token(hw, kv_bytes_per_token: float, plan: ParallelPlan) 
     return kv_bytes_per_token / (link * plan.attention_gpus)
 
 
+def serving_check(cands: pd.DataFrame, models_by_id, workload, slo: float,
+                  cache: CacheSetup) -> dict | None:
+    """The best aggregated candidate under the SLO, re-evaluated by model.serving.serve (same
+    step model, engine policy and per-replica sessions; its own cache model call): the search's
+    vectorized closed form and the serving model side by side. None when no aggregated candidate
+    meets the SLO or the workload cannot be served per replica."""
+    from model.policy import EnginePolicy
+    from model.serving import serve
+    from model.workload import ClosedLoop
+
+    agg = cands[(cands["mode"] == "aggregated") & cands["feasible"]
+                & (cands["p90_interactivity_tok_s"] >= slo)]
+    if agg.empty:
+        return None
+    b = agg.loc[agg["tpgs"].idxmax()]
+    pm = models_by_id[int(b["_model"])]
+    lanes = max(int(round(float(b["concurrency"]) / max(int(b["replicas"]), 1))), 1)
+    try:
+        res = serve(pm.step, workload, EnginePolicy(
+            long_prefill_token_threshold=int(b["threshold"]),
+            prefill_schedule_interval=int(b["interval"])), ClosedLoop(lanes),
+            cache_policy=cache.policy, cache_tiers=cache.tiers)
+    except ServecastError as err:
+        return {"plan": str(b["plan"]), "reason": str(err)}
+    p90 = (res.interactivity_tok_s or {}).get("p90")
+    ttft = (res.ttft_s or {}).get("p90")
+    return {"plan": str(b["plan"]), "concurrency_per_replica": lanes, "stable": res.stable,
+            "reason": res.reason,
+            "search": {"tpgs": float(b["tpgs"]),
+                       "p90_interactivity_tok_s": float(b["p90_interactivity_tok_s"]),
+                       "p90_ttft_s": float(b["p90_ttft_s"]), "hit_rate": float(b["hit_rate"])},
+            "serving": {"tpgs": _num(res.tpgs), "p90_interactivity_tok_s": _num(p90),
+                        "p90_ttft_s": _num(ttft), "hit_rate": _num(res.hit_rate)},
+            "tpgs_rel_diff": (float(b["tpgs"]) / res.tpgs - 1) if res.tpgs else None,
+            # the search pipelines pp microbatches (vLLM's virtual engines); serve() runs one
+            # batch through all stages per step, so PP plans differ for that reason
+            "note": "pp > 1: serve() does not pipeline microbatches" if pm.plan.pp > 1 else ""}
+
+
+def _num(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def _check_cache(cache: CacheSetup) -> None:
+    from model.cache import check_policy
+
+    check_policy(cache.policy)
+    allowed = ("hbm", "host", "nvme")
+    if not cache.tiers or cache.tiers[0] != "hbm" or any(t not in allowed for t in cache.tiers):
+        raise ServecastError(f"cache tiers {','.join(cache.tiers) or '(none)'}: start with hbm, "
+                             f"then any of {', '.join(allowed[1:])}")
+
+
+def _cache_terms(pm: _PlanModel, arch, hw, kv_dtype, workload, sessions, cache: CacheSetup):
+    """(recomputed miss tokens, lower-tier tokens) per request and the lower tier's reload time
+    per token, for `sessions` live sessions per replica of plan `pm` (model.search_cache)."""
+    caps = replica_capacities(arch, hw, pm.plan, kv_dtype, cache.tiers, pm.table_context)
+    hbm, low, inf = tier_hits_interp(workload, caps, sessions, cache.policy)
+    ctx = pm.table_context
+    lower = cache.tiers[1] if len(cache.tiers) > 1 else "host"
+    return (np.maximum(inf - hbm - low, 0.0) * ctx, low * ctx, hbm + low,
+            reload_s_per_token(arch, hw, pm.plan, kv_dtype, lower))
+
+
 def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int, concurrency,
                       thresholds, intervals, kv_bytes_per_token: float,
-                      max_num_batched_tokens: int = 8192) -> pd.DataFrame:
-    """Every (plan, threshold, interval, concurrency) of aggregated replicas, in one array pass."""
+                      max_num_batched_tokens: int = 8192, cache_inputs=None) -> pd.DataFrame:
+    """Every (plan, threshold, interval, concurrency) of aggregated replicas, in one array pass.
+    `cache_inputs` = (arch, kv_dtype, workload, CacheSetup): hit rates answer to each plan's tier
+    capacities and the policy (model.search_cache); None keeps the infinite-cache hit rate."""
     usable = [pm for pm in models if gpus % pm.plan.gpus == 0]
     if not usable:
         return pd.DataFrame()
@@ -230,11 +334,22 @@ def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int,
     c = np.tile(conc, len(combo))
     attr = lambda f: np.array([f(pm) for pm in usable], float)[k]  # noqa: E731
     replicas = attr(lambda pm: gpus // pm.plan.gpus)
-    reload = attr(lambda pm: _host_reload_s_per_token(hw, kv_bytes_per_token, pm.plan))
+    miss, lower, hit = 0.0, None, np.full(len(c), traffic.hit_rate)
+    if cache_inputs is None:
+        reload = attr(lambda pm: _host_reload_s_per_token(hw, kv_bytes_per_token, pm.plan))
+    else:
+        arch, kv_dtype, workload, setup = cache_inputs
+        miss, lower, reload = np.zeros(len(c)), np.zeros(len(c)), np.zeros(len(c))
+        for i, pm in enumerate(usable):
+            sel = k == i
+            m, lo, h, rl = _cache_terms(pm, arch, hw, kv_dtype, workload,
+                                        c[sel] / replicas[sel], setup)
+            miss[sel], lower[sel], hit[sel], reload[sel] = m, lo, h, rl
     r = evaluate_aggregated(table, traffic, k, attr(lambda pm: pm.plan.dp),
                             attr(lambda pm: pm.plan.pp), replicas, c, thr, interval,
                             attr(lambda pm: pm.kv_tokens), attr(lambda pm: pm.tokens_per_step),
-                            np.where(np.isfinite(reload), reload, 0.0), max_num_batched_tokens)
+                            np.where(np.isfinite(reload), reload, 0.0), max_num_batched_tokens,
+                            miss_tokens=miss, lower_tier_tokens=lower)
     labels = np.array([pm.plan.label() for pm in usable], object)[k]
     ids = np.array([id(pm) for pm in usable], object)[k]
     return pd.DataFrame({
@@ -242,7 +357,7 @@ def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int,
         "replicas": replicas.astype(int), "x": 0, "y": replicas.astype(int),
         "concurrency": c.astype(int), "threshold": thr.astype(int),
         "interval": interval.astype(int), "gpus": gpus,
-        "tpgs": r["tokens_per_s"] / gpus,
+        "tpgs": r["tokens_per_s"] / gpus, "hit_rate": hit,
         **{key: r[key] for key in ("p90_interactivity_tok_s", "p90_ttft_s", "mean_ttft_s",
                                    "decode_batch", "step_time_s", "rate_rps", "limit",
                                    "feasible")},
@@ -321,6 +436,42 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
     return cands, pd.DataFrame(sat_rows)
 
 
+def finite_cache_disaggregated(cands: pd.DataFrame, prefill_models, arch, prefill_hw, kv_dtype,
+                               workload, cache: CacheSetup, traffic: Traffic) -> pd.DataFrame:
+    """Disaggregated candidates with the prefix cache on the prefill workers (sticky sessions):
+    each prefill instance holds concurrency / x sessions; evicted prefixes are recomputed (the
+    prefill rate falls by U / (U + misses)) and lower-tier hits are reloaded before the prefill.
+    Applied after the infinite-cache pass, whose concurrency (Little's law) gives the sessions."""
+    if cands.empty:
+        return cands
+    out = cands.copy()
+    u0 = traffic.uncached_mean
+    miss = np.zeros(len(out))
+    lower_s = np.zeros(len(out))
+    hit = np.full(len(out), traffic.hit_rate)
+    sessions = out["concurrency"].to_numpy(float) / np.maximum(out["x"].to_numpy(float), 1.0)
+    codes, uniques = pd.factorize(out["_model"])
+    by_id = {id(pm): pm for pm in prefill_models}
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
+    for j, model_id in enumerate(uniques):
+        sel = order[bounds[j]:bounds[j + 1]]
+        m, lo, h, rl = _cache_terms(by_id[model_id], arch, prefill_hw, kv_dtype, workload,
+                                    sessions[sel], cache)
+        miss[sel], lower_s[sel], hit[sel] = m, lo * rl, h
+    x = np.maximum(out["x"].to_numpy(float), 1.0)
+    thr_p = out["prefill_rps"].to_numpy(float) * u0 / x  # prefill tokens/s per instance
+    prefill_rps = out["prefill_rps"].to_numpy(float) * u0 / (u0 + miss)
+    rate = np.minimum(prefill_rps, out["decode_rps"].to_numpy(float))
+    old_rate = out["rate_rps"].to_numpy(float)
+    out["tpgs"] = out["tpgs"].to_numpy(float) * rate / np.maximum(old_rate, 1e-300)
+    out["p90_ttft_s"] = out["p90_ttft_s"].to_numpy(float) + miss / thr_p + lower_s
+    out["prefill_rps"], out["rate_rps"], out["hit_rate"] = prefill_rps, rate, hit
+    out["limit"] = np.where(prefill_rps < out["decode_rps"].to_numpy(float), "prefill_rate",
+                            "decode_rate")
+    return out
+
+
 def _bottleneck(pm: _PlanModel, row: pd.Series, traffic: Traffic) -> str:
     """The step model's bottleneck label at the chosen operating point."""
     try:
@@ -363,15 +514,33 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
          kv_dtype: str | None = None, api_model: str = DEFAULT_API_MODEL,
          cost_basis: str = "owned", concurrency=None, hit_rate: float | None = None,
          max_num_batched_tokens: int = 8192, traffic: Traffic | None = None,
-         spec_tokens: int = 0, spec_acceptance: float = 0.0) -> PlanResult:
+         spec_tokens: int | None = None, spec_acceptance: float | None = None,
+         cache_policy: str = "lru", cache_tiers=DEFAULT_TIERS, finite_cache: bool = True,
+         recipe: bool = True, verify: bool = False) -> PlanResult:
     """Search deployments of `arch` on `gpus` x `hardware` for `workload`; the best under the SLO.
 
     `long_prefill_token_threshold`: fix the threshold (else searched over THRESHOLDS);
     `prefill_hardware`: a different chip for disaggregated prefill workers;
     `spec_tokens` / `spec_acceptance`: MTP / draft speculative decoding (off by default: no
-    sourced acceptance rate for these models on AgentX traffic)."""
-    spec = (spec_tokens, spec_acceptance)
+    sourced acceptance rate for these models on AgentX traffic);
+    `cache_policy` / `cache_tiers`: prefix retention and tiers; the hit rate then answers to each
+    candidate's capacity (`finite_cache=False`: the workload's infinite-cache hit rate);
+    `recipe`: take precision, KV dtype and speculative decoding left unset from the model family's
+    deployment recipe (data/deployments/, model.recipes);
+    `verify`: re-evaluate the best aggregated candidate with model.serving.serve (engineer E's
+    full closed form, per replica) and report both in `serving_check` (~1-2 s)."""
     started = time.perf_counter()
+    if recipe:
+        from model.recipes import recipe_for
+
+        r = recipe_for(arch if isinstance(arch, str) else getattr(arch, "name", ""))
+        if r is not None:
+            precision = precision if precision is not None else r.precision
+            kv_dtype = kv_dtype if kv_dtype is not None else r.kv_dtype
+            spec_tokens = spec_tokens if spec_tokens is not None else r.spec_tokens
+            spec_acceptance = spec_acceptance if spec_acceptance is not None else \
+                r.spec_acceptance
+    spec = (int(spec_tokens or 0), float(spec_acceptance or 0.0))
     if gpus < 1:
         raise ServecastError(f"gpus={gpus}: must be >= 1")
     for m in modes:
@@ -385,6 +554,14 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     if concurrency is None:
         concurrency = np.unique(np.round(np.geomspace(max(gpus // 2, 1), 96 * gpus, 40))).astype(int)
     chunk = max_num_batched_tokens
+    cache = CacheSetup(cache_policy, tuple(cache_tiers))
+    _check_cache(cache)
+    if finite_cache and hit_rate is None:
+        from model.step import with_precision
+
+        cache_inputs = (with_precision(a, precision), kv_dtype, w, cache)
+    else:
+        cache_inputs = None
     frames, sat = [], pd.DataFrame()
     models_by_id: dict[int, _PlanModel] = {}
     if "aggregated" in modes:
@@ -393,7 +570,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
                                   kv_dtype, chunk, gpus, spec)
         models_by_id.update({id(m): m for m in agg_models})
         frames.append(search_aggregated(agg_models, hw, traffic, gpus, concurrency, thresholds,
-                                        INTERVALS, kv_per_token, max_num_batched_tokens))
+                                        INTERVALS, kv_per_token, max_num_batched_tokens,
+                                        cache_inputs))
     if "disaggregated" in modes and gpus >= 2:
         phw = hw if prefill_hardware is None else _load(a, prefill_hardware, w)[1]
         sizes = _sizes(gpus - 1, False)
@@ -406,6 +584,9 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
                    float(hw.scale_out_bandwidth_bytes_per_s))
         d_frame, sat = search_disaggregated(p_models, d_models, traffic, gpus, kv_per_token, link,
                                             chunk, slo_p90_interactivity)
+        if cache_inputs is not None:
+            d_frame = finite_cache_disaggregated(d_frame, p_models, a, phw, kv_dtype, w, cache,
+                                                 traffic)
         frames.append(d_frame)
     frames = [f for f in frames if not f.empty]
     if not frames:
@@ -413,7 +594,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
         from model.step import with_precision
 
         need = weight_bytes(with_precision(a, precision)) / 1e9
-        last = _REJECTED.get(((a.name, a.weight_dtype, a.source), getattr(hw, "name", str(hw))))
+        last = _REJECTED.get(((a.name, a.weight_dtype, a.source), _hw_name(hw)))
         raise Infeasible(f"no parallel plan of {a.name} fits {gpus} x {getattr(hw, 'name', hw)}: "
                          f"weights {need:,.0f} GB at {precision or a.weight_dtype} vs "
                          f"{gpus * hw.hbm_bytes / 1e9:,.0f} GB HBM"
@@ -421,6 +602,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
                          + "; add GPUs or serve a smaller checkpoint (--precision fp8 / mxfp8 / "
                          "nvfp4)")
     cands = pd.concat(frames, ignore_index=True)
+    cands["hit_rate"] = (cands["hit_rate"] if "hit_rate" in cands else pd.Series(
+        np.nan, index=cands.index)).fillna(traffic.hit_rate)
     cands = cands[np.isfinite(cands["tpgs"]) & (cands["tpgs"] > 0)].reset_index(drop=True)
     feasible = cands[cands["feasible"]]
     front = pareto_front(feasible[["mode", "plan", "decode_plan", "replicas", "x", "y",
@@ -428,7 +611,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
                                    "p90_interactivity_tok_s", "p90_ttft_s", "limit", "gpus"]])
     best = best_under_slo(cands, slo_p90_interactivity)
     deployment = _deployment(best, models_by_id, a.name, max_num_batched_tokens,
-                             prefill_hardware or getattr(hw, "name", str(hw)))
+                             prefill_hardware or _hw_name(hw))
     shares = gpu_time_shares(best, models_by_id, traffic)
     cost = _cost(best, deployment, hw, prefill_hardware, a, traffic, api_model, cost_basis, shares)
     from model.launch import launch_commands
@@ -436,13 +619,18 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     main_pm = models_by_id[int(best.get("_decode_model", best["_model"]))
                            if best["mode"] == "disaggregated" else int(best["_model"])]
     bottleneck = _bottleneck(main_pm, best, traffic)
+    check = serving_check(cands, models_by_id, w, slo_p90_interactivity, cache) if verify \
+        else None
     elapsed = time.perf_counter() - started
-    return PlanResult(best=best, deployment=deployment, candidates=cands, pareto=front,
+    return PlanResult(serving_check=check, best=best, deployment=deployment, candidates=cands, pareto=front,
                       saturation=sat, cost=cost, launch_commands=launch_commands(deployment),
                       bottleneck=bottleneck,
                       why=_why(best, bottleneck, slo_p90_interactivity)
                       + _runner_up(cands, best, slo_p90_interactivity),
-                      traffic=traffic, assumptions=_assumptions(traffic, cost),
+                      traffic=traffic,
+                      assumptions=_assumptions(traffic, cost)
+                      + _deployment_assumptions(a.name if recipe else "", precision, kv_dtype,
+                                                spec, cache, cache_inputs is not None, best),
                       search_seconds=elapsed)
 
 
@@ -525,6 +713,22 @@ def _assumptions(traffic: Traffic, cost: CostSummary) -> list[str]:
         "disaggregated: only new tokens' KV moves to decode (sticky sessions), packed layout",
         f"cost basis {cost.basis}; API equivalent at {cost.api_model} prices on the served mix",
     ]
+
+
+def _deployment_assumptions(arch_name, precision, kv_dtype, spec, cache: CacheSetup,
+                            finite: bool, best: pd.Series) -> list[str]:
+    from model.recipes import recipe_for
+
+    r = recipe_for(arch_name) if arch_name else None
+    out = [f"served weights {precision or 'as checkpoint'}, KV cache {kv_dtype or 'arch default'}"
+           + (f" ({r.assumptions()})" if r else " (no deployment recipe)"),
+           "speculative decoding " + (f"{spec[0]} tokens at acceptance {spec[1]:g}" if spec[0]
+                                      else "off (no sourced acceptance rate)")]
+    if finite:
+        out.append(f"prefix cache: {cache.policy} over {'+'.join(cache.tiers)} per replica "
+                   f"(model.cache_model closed form), hit {float(best.get('hit_rate', 0)):.3f} at "
+                   "the chosen point; evicted prefixes are recomputed, lower-tier hits reloaded")
+    return out
 
 
 def owned_cost_inputs_for(hw) -> OwnedCostInputs:
@@ -619,15 +823,13 @@ def decode_capacity_by_family(arch, hardware, gpus: int, context: float, output_
 
 # ---------------------------------------------------------------- the post's rows
 
-# vLLM AgentX post, results and cost tables (seed 000; research/theory.md §1.0). `precision` is
-# the served checkpoint, a fact of the deployment rather than a factor: MiniMax ships BF16 and
-# MXFP8 checkpoints (research/architectures.md, MiniMax-M3) and BF16 (852 GB) cannot fit 2 B300,
-# so the post served MXFP8; DeepSeek V4 Pro and Kimi K3 load at their checkpoints' formats.
+# vLLM AgentX post, results and cost tables (seed 000; research/theory.md §1.0). The served
+# precision and KV dtype come from each family's recipe (data/deployments/, model.recipes).
 POST_ROWS = (
     {"arch": "deepseek-v4-pro", "hardware": "gb300-nvl72", "gpus": 12, "precision": None,
      "concurrency": 256, "tpgs": 83_000, "p90_interactivity_tok_s": 58.3,
      "tco_usd_per_hour": 27.72, "api_usd_per_hour": 2926, "cost_advantage": 106},
-    {"arch": "minimax-m3", "hardware": "b300", "gpus": 2, "precision": "mxfp8",
+    {"arch": "minimax-m3", "hardware": "b300", "gpus": 2, "precision": None,
      "concurrency": 24, "tpgs": 70_000, "p90_interactivity_tok_s": 74.2,
      "tco_usd_per_hour": 4.52, "api_usd_per_hour": 384, "cost_advantage": 85},
     {"arch": "kimi-k3", "hardware": "gb300-nvl72", "gpus": 16, "precision": None,
@@ -658,3 +860,42 @@ def reproduce_post(slo_p90_interactivity: float = 50.0, workload: str = "agentx"
         out["rel_error"] = out["predicted_tpgs"] / post["tpgs"] - 1
         rows.append(out)
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- DEP vs TP (the post's lesson)
+
+def dep_vs_tp_decode(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 8,
+                     context: float = 142_000.0, precision=None, kv_dtype=None,
+                     batches=(8, 16, 32, 64, 128, 256, 512)) -> dict:
+    """Decode-only comparison of DEP (dp=gpus, ep=gpus) with TP+EP (tp=gpus, ep=gpus) on the same
+    GPUs: KV capacity (sequences at `context`), step time by total batch, and the batch above
+    which DEP steps faster. DEP keeps each sequence's KV on one rank (no copy of MLA-style latent
+    KV per TP rank: more sequences fit, fewer KV bytes read per GPU) but replicates attention
+    weights on every rank and adds EP all-to-all, so it wins only once the batch is large.
+    Precision and KV dtype default to the family's recipe (data/deployments/)."""
+    from model.recipes import recipe_for
+
+    a, hw, _ = _load(arch, hardware, "agentx")
+    r = recipe_for(a.name)
+    if r is not None:
+        precision = precision if precision is not None else r.precision
+        kv_dtype = kv_dtype if kv_dtype is not None else r.kv_dtype
+    from model.step import build_step_model
+
+    ep = gpus if any(ly.mlp.experts is not None for ly in a.layers) else 1  # dense: DP vs TP
+    tp = build_step_model(a, hw, ParallelPlan(tp=gpus, ep=ep), precision=precision,
+                          kv_dtype=kv_dtype)
+    dep = build_step_model(a, hw, ParallelPlan(dp=gpus, ep=ep), precision=precision,
+                           kv_dtype=kv_dtype)
+    b = np.asarray(batches, float)
+    t_tp = np.asarray(tp.step_time_s(0.0, 0.0, b, context), float)
+    t_dep = np.asarray(dep.step_time_s(0.0, 0.0, b, context), float)
+    faster = np.flatnonzero(t_dep < t_tp)
+    table = pd.DataFrame({"batch": b, "tp_step_s": t_tp, "dep_step_s": t_dep,
+                          "tp_interactivity_tok_s": 1 / t_tp,
+                          "dep_interactivity_tok_s": 1 / t_dep, "dep_over_tp": t_dep / t_tp})
+    return {"tp_plan": tp.plan.label(), "dep_plan": dep.plan.label(),
+            "tp_kv_sequences": float(np.asarray(tp.kv_capacity_tokens(context))) / context,
+            "dep_kv_sequences": float(np.asarray(dep.kv_capacity_tokens(context))) / context,
+            "crossover_batch": float(b[faster[0]]) if len(faster) else float("inf"),
+            "table": table}

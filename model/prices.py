@@ -12,26 +12,21 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
 from model import ROOT
 from model.errors import ServecastError, SpecError
-from model.hardware import Source, _date_text, _id_list, read_yaml_mapping, validation_problem
+from model.specio import DATE, Source, Strict, date_text, id_list, validated
 
 PRICES_DIR = ROOT / "data" / "prices"
 API_PRICES = PRICES_DIR / "api.yaml"
 OWNED_COST = PRICES_DIR / "owned_cost.yaml"
-_DATE = r"^\d{4}(-\d{2}){0,2}$"
 _PRICE_KEYS = ("input_usd_per_mtok", "cached_input_usd_per_mtok", "cache_write_usd_per_mtok",
                "output_usd_per_mtok")
 PRICE_RANGE = (0.0, 1000.0)  # USD per Mtok
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-
-class ApiPriceTier(_Strict):
+class ApiPriceTier(Strict):
     """Prices that apply above a prompt length (long-context tariffs)."""
 
     above_input_tokens: int
@@ -41,13 +36,13 @@ class ApiPriceTier(_Strict):
     output_usd_per_mtok: float
 
 
-class ApiPrice(_Strict):
+class ApiPrice(Strict):
     """One model's list price from one date, USD per million tokens."""
 
     model: str
     vendor: str
     aliases: tuple[str, ...] = ()
-    date: Annotated[str, Field(pattern=_DATE)]
+    date: Annotated[str, Field(pattern=DATE)]
     source: str
     input_usd_per_mtok: float
     cached_input_usd_per_mtok: float
@@ -57,7 +52,7 @@ class ApiPrice(_Strict):
     inferred: tuple[str, ...] = ()  # prices derived from vendor multipliers, not read off a page
     note: str | None = None
 
-    _dates = field_validator("date", mode="before")(_date_text)
+    _dates = field_validator("date", mode="before")(date_text)
 
     @field_validator("aliases", "inferred", mode="before")
     @classmethod
@@ -74,12 +69,12 @@ class ApiPrice(_Strict):
                                | {"long_context": None})
 
 
-class ApiPriceFile(_Strict):
+class ApiPriceFile(Strict):
     prices: list[ApiPrice]
     sources: dict[str, Source]
 
 
-class CostParameter(_Strict):
+class CostParameter(Strict):
     """One owned-cost input: default `value` and the range worth sweeping."""
 
     value: float
@@ -87,14 +82,14 @@ class CostParameter(_Strict):
     high: float
     unit: str
     source: list[str]
-    date: Annotated[str, Field(pattern=_DATE)]
+    date: Annotated[str, Field(pattern=DATE)]
     note: str | None = None
 
-    _dates = field_validator("date", mode="before")(_date_text)
-    _ids = field_validator("source", mode="before")(_id_list)
+    _dates = field_validator("date", mode="before")(date_text)
+    _ids = field_validator("source", mode="before")(id_list)
 
 
-class OwnedCostFile(_Strict):
+class OwnedCostFile(Strict):
     parameters: dict[str, CostParameter]
     sources: dict[str, Source]
 
@@ -108,17 +103,8 @@ def _date_key(date: str) -> tuple[int, ...]:
     return tuple(parts + [1] * (3 - len(parts)))  # "2026" sorts as 2026-01-01
 
 
-def _validated(path: Path, schema: type[BaseModel]) -> BaseModel:
-    data = read_yaml_mapping(path)
-    try:
-        return schema.model_validate(data)
-    except ValidationError as err:
-        key, problem = validation_problem(err.errors()[0], schema)
-        raise SpecError(path, key, problem) from None
-
-
 def _check_sources(path: Path, key: str, cited: str | list[str], table: dict) -> None:
-    for sid in _id_list(cited):
+    for sid in id_list(cited):
         if sid not in table:
             raise SpecError(path, f"{key}.source", f"{sid!r} is not in the sources table; "
                             f"allowed: {', '.join(table)}")
@@ -128,7 +114,7 @@ def _check_sources(path: Path, key: str, cited: str | list[str], table: dict) ->
 def _api_table(path_text: str) -> dict[str, list[ApiPrice]]:
     """Normalized model name or alias -> that model's entries, oldest first."""
     path = Path(path_text)
-    spec = _validated(path, ApiPriceFile)
+    spec = validated(path, ApiPriceFile)
     by_model: dict[str, list[ApiPrice]] = {}
     for i, entry in enumerate(spec.prices):
         where = f"prices[{i}] ({entry.model})"
@@ -178,7 +164,7 @@ def api_price(model_name: str, on_date: str | None = None, path: Path | None = N
         raise ServecastError(f"no API price for model {model_name!r}; allowed: {names}")
     if on_date is None:
         return entries[-1]
-    if not re.match(_DATE, on_date):
+    if not re.match(DATE, on_date):
         raise ServecastError(f"on_date {on_date!r}: expected YYYY, YYYY-MM or YYYY-MM-DD")
     in_force = [e for e in entries if _date_key(e.date) <= _date_key(on_date)]
     if not in_force:
@@ -191,7 +177,7 @@ def api_price(model_name: str, on_date: str | None = None, path: Path | None = N
 def owned_cost_inputs(path: Path | None = None) -> dict[str, CostParameter]:
     """Sourced defaults and ranges for rebuilding an owner's TCO from parts (see owned_cost.yaml)."""
     path = path or OWNED_COST
-    spec = _validated(path, OwnedCostFile)
+    spec = validated(path, OwnedCostFile)
     for name, p in spec.parameters.items():
         _check_sources(path, f"parameters.{name}", p.source, spec.sources)
         if not (0 <= p.low <= p.value <= p.high):
@@ -201,5 +187,5 @@ def owned_cost_inputs(path: Path | None = None) -> dict[str, CostParameter]:
 
 
 def price_sources(path: Path | None = None) -> dict[str, Source]:
-    return dict(_validated(path or API_PRICES, ApiPriceFile).sources)
+    return dict(validated(path or API_PRICES, ApiPriceFile).sources)
 

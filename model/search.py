@@ -168,31 +168,42 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
                         concurrency, threshold, interval, kv_capacity_tokens, tokens_per_step=1.0,
                         reload_s_per_token=0.0, max_num_batched_tokens: int = 8192,
                         max_num_seqs: int = 256, iterations: int = 20,
-                        mixture_iterations: int = 8) -> dict:
+                        mixture_iterations: int = 8, miss_tokens=0.0,
+                        lower_tier_tokens=None) -> dict:
     """Closed-form steady state of aggregated candidates, all given as broadcastable arrays:
     `which` plan in the (stacked) table, its `dp` / `pp`, `replicas`, client `concurrency` (lanes,
     whole deployment), `threshold` (0 = off), `interval` (prefill_schedule_interval), the
     replica's `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`.
+    Finite cache (model.search_cache): `miss_tokens` per request beyond the infinite-cache misses
+    are recomputed (they join the prefill), `lower_tier_tokens` per request are reloaded from a
+    lower tier; when `lower_tier_tokens` is None, sessions whose KV does not fit the HBM pool
+    reload it all (the older residency estimate).
 
     Returns arrays: tpgs (per GPU, replica GPUs = dp*pp*tp*pcp given via `gpus` by the caller),
     p90_interactivity_tok_s, p90_ttft_s, mean_ttft_s, decode_batch, step_time_s, rate_rps
     (per replica), limit (what binds) and feasible."""
     arrays = np.broadcast_arrays(*(np.asarray(a, float) for a in (
         which, dp, pp, replicas, concurrency, threshold, interval, kv_capacity_tokens,
-        tokens_per_step, reload_s_per_token)))
-    which, dp, pp, replicas, conc, thr, interval, kv_cap, tps, reload_tok = arrays
+        tokens_per_step, reload_s_per_token, miss_tokens)))
+    which, dp, pp, replicas, conc, thr, interval, kv_cap, tps, reload_tok, miss = arrays
     which = which.astype(int)
     c_r = conc / replicas
     budget = float(max_num_batched_tokens)  # per DP rank per (micro)step
     cap = np.where(thr > 0, np.minimum(thr, budget), budget)
-    k_eff = traffic.chunk_size(cap)
-    chunks_mean = traffic.chunks(cap)
-    chunks_p90 = np.ceil(traffic.uncached_p90 / cap)
-    u, o, s, z = traffic.uncached_mean, traffic.output_mean, traffic.context_mean, traffic.gap_mean_s
+    # evicted prefixes are recomputed: they lengthen the request's prefill (more chunks)
+    chunks_mean = traffic.chunks(cap) + miss / cap
+    u_p90 = traffic.uncached_p90 + miss
+    chunks_p90 = np.ceil(u_p90 / cap)
+    u, o, s, z = (traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean,
+                  traffic.gap_mean_s)
+    k_eff = u / chunks_mean
     o_step = o / tps  # decode steps per turn
     b_kv = kv_cap / max(s, 1.0)  # decoding sequences whose KV fits
-    resident = np.minimum(1.0, kv_cap / np.maximum(c_r * s, 1.0))
-    reload = (1.0 - resident) * s * reload_tok  # offloaded sessions fetch their KV back
+    if lower_tier_tokens is None:
+        resident = np.minimum(1.0, kv_cap / np.maximum(c_r * s, 1.0))
+        reload = (1.0 - resident) * s * reload_tok  # offloaded sessions fetch their KV back
+    else:
+        reload = np.asarray(lower_tier_tokens, float) * reload_tok
     n = np.arange(POISSON_MAX + 1)
 
     t = table(0.0, np.maximum(c_r / 4, 1.0), which)
@@ -227,7 +238,7 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
     limit = np.where(r >= r_lanes * (1 - 1e-6), "lanes",
                      np.where(r_kv <= r_budget, "kv_capacity", "prefill_budget"))
     queue = np.maximum(c_r / r - (ttft0 + o_step * t + z), 0.0)
-    t_chunk_p90 = np.maximum(table(np.minimum(cap, traffic.uncached_p90) * dp, b_mb, which), t)
+    t_chunk_p90 = np.maximum(table(np.minimum(cap, u_p90) * dp, b_mb, which), t)
     ttft_p90 = _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval) + reload + queue
     b_total = r * o_step * t
     feasible = (b_total / dp <= max_num_seqs * (1 + 1e-9)) & (b_kv >= 1.0)

@@ -22,6 +22,14 @@ per-request threshold, prefill cadence) on a `Workload` under a `Load`. Per DP r
   Windows start at prefill completions: without a threshold none completes inside another
   prefill's run; with one, completions are uniform in time, so extended steps catch more.
 
+- without a threshold the server works on tokens: a prompt's last step hands the budget it
+  leaves to the next queued prompt, so with probability q (someone arrived during its wait and
+  earlier steps) its first token also waits for that prompt's chunk (`tail_q`, `tail_ext`);
+- the prefix cache: hit rate and lower-tier reloads from model.cache_model via
+  model.serving_cache (reload waits outside the queue, added to TTFT and response time);
+- the request mix: every 16th request of a 16x draw, so session profiles average over enough
+  sessions (AgentX means sit ~10% off in a plain 4000-request draw).
+
 Head-of-line blocking is the gap between the two TPOT tails: without a threshold a long cold
 prefill rides whole-budget chunks through a run of steps that every decode in flight pays for;
 with one it is spread thinly over many steps.
@@ -45,6 +53,7 @@ from model.queueing import (
     quantiles_from_pmf,
     shot_noise_var,
 )
+from model.serving_cache import CacheEffect
 from model.workload import ClosedLoop, Load, RequestMix, TraceArrivals, Workload
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -97,6 +106,8 @@ class ServingResult:
     goodput_requests_per_s: float | None = None
     slo_attainment: float | None = None
     policy: dict = field(default_factory=dict)
+    cache: dict | None = None  # the cache model behind hit_rate (None: profile / override)
+    mean_reload_s: float = 0.0  # mean lower-tier KV reload each request waits (in TTFT)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -111,14 +122,51 @@ def _unstable(reason: str, hit: float, policy: EnginePolicy) -> ServingResult:
 _MIX_CACHE: dict = {}
 
 
+MIX_SESSIONS_FACTOR = 16  # draw 16x the requests, keep every 16th: 16x as many sessions
+
+
+def request_mix_for(workload: Workload, n: int = MIX_SIZE, seed: int = 0,
+                    hit_rate: float | None = None) -> RequestMix:
+    """The request sample `serve` integrates over (see `_cached_mix`)."""
+    return _cached_mix(workload, n, seed, hit_rate)
+
+
 def _cached_mix(workload: Workload, n: int, seed: int, hit_rate: float | None) -> RequestMix:
-    """Request mixes are deterministic in (profile, n, seed, hit): draw each once."""
+    """Request mixes are deterministic in (profile, n, seed, hit): draw each once.
+
+    A session profile's requests come in sessions whose contexts and gaps are strongly
+    correlated, so n requests drawn as whole sessions hold only ~n/40 independent sessions and
+    their heavy-tailed means sit ~10% off (AgentX: mean context 164K in a 4000-request draw vs
+    148K in 200K). Drawing 16x the requests and keeping every 16th gives the same n requests
+    from 16x the sessions. A `hit_rate` override scales each request's cached part (as
+    Workload.request_mix does) on the kept sample."""
     key = (workload.model_dump_json(), n, seed, hit_rate)
-    if key not in _MIX_CACHE:
-        if len(_MIX_CACHE) > 64:
-            _MIX_CACHE.clear()
-        _MIX_CACHE[key] = workload.request_mix(n, seed, hit_rate)
-    return _MIX_CACHE[key]
+    if key in _MIX_CACHE:
+        return _MIX_CACHE[key]
+    if len(_MIX_CACHE) > 64:
+        _MIX_CACHE.clear()
+    if hit_rate is not None and not isinstance(workload, Workload):
+        mix = workload.request_mix(n, seed, hit_rate)  # a recorded trace refuses, with why
+    elif hit_rate is not None:
+        base = _cached_mix(workload, n, seed, None)
+        own = base.hit_rate
+        if not 0.0 <= hit_rate < 1.0:
+            raise ServecastError(f"hit_rate: {hit_rate} is outside [0, 1)")
+        c = base.context_tokens
+        if own > 0:
+            unc = c - np.minimum((c - base.uncached_tokens) * hit_rate / own, c)
+        else:
+            unc = c * (1.0 - hit_rate)
+        mix = RequestMix(c, np.maximum(np.round(unc), 1.0), base.output_tokens, base.gap_s)
+    elif getattr(workload, "kind", "requests") == "sessions" and isinstance(workload, Workload):
+        big = workload.request_mix(n * MIX_SESSIONS_FACTOR, seed, None)
+        keep = slice(0, None, MIX_SESSIONS_FACTOR)
+        mix = RequestMix(big.context_tokens[keep], big.uncached_tokens[keep],
+                         big.output_tokens[keep], big.gap_s[keep])
+    else:
+        mix = workload.request_mix(n, seed, None)
+    _MIX_CACHE[key] = mix
+    return mix
 
 
 @dataclass
@@ -138,6 +186,10 @@ class _Engine:
 
     def __init__(self, step_model, mix: _Mix, policy: EnginePolicy, dp: int):
         self.sm, self.mix, self.pol, self.dp = step_model, mix, policy, dp
+        self.hint: dict = {}  # last solved (rate, decode batch, mean step): warm starts
+        self._context_index = None
+        self.delay = np.zeros(len(mix.c))  # per-request reload delay (serving_cache)
+        self.mean_delay = 0.0
         # speculative decoding (MTP): each decode step yields q tokens per sequence on average
         self.q = float(getattr(step_model, "tokens_per_decode_step", 1.0) or 1.0)
         o1 = np.maximum(mix.o - 1.0, 0.0)
@@ -172,6 +224,12 @@ class _Engine:
             tab = _TABLES[key] = _StepTable.build(self)
         return tab
 
+    @property
+    def context_index(self):
+        if self._context_index is None or self._context_index[0] is not self.table:
+            self._context_index = (self.table, self.table.context_index(self.mix.c))
+        return self._context_index[1]
+
     def prefill_runs(self, b: float, rate: float):
         """(k, E): chunks per request and its total step extension at per-request chunk `rate`."""
         m = self.mix
@@ -180,11 +238,26 @@ class _Engine:
         td = self.decode_step(b)
         bb = max(b, 1.0)
         mid = m.cached + rate * (kf + 1.0) / 2.0  # mean end-of-chunk context of the full chunks
-        ext_full = np.where(kf > 0, self.extension(np.full(len(mid), rate), mid, bb), 0.0)
-        ext_rem = np.where(rem > 0, self.extension(np.maximum(rem, 1.0), m.c, bb), 0.0)
+        ext_full = np.where(kf > 0, self.table.extension_at_chunk(rate, mid, bb), 0.0)
+        ext_rem = np.where(rem > 0, self.table.extension_at_contexts(
+            np.maximum(rem, 1.0), self.context_index, bb), 0.0)
         k = kf + (rem > 0)
         ext = kf * np.maximum(ext_full, 0.0) + np.maximum(ext_rem, 0.0)
+        self.last_rem, self.last_ext_rem = rem, np.maximum(ext_rem, 0.0)
         return k, ext, td
+
+    def next_chunk_extension(self, room, b: float) -> np.ndarray:
+        """Mean extension the next queued prompt adds when it fills `room` tokens of a step:
+        E_j[ext(min(room, u_j)) at its context] over the mix (tabulated on a room grid)."""
+        m = self.mix
+        pick = np.linspace(0, len(m.u) - 1, min(len(m.u), 250)).astype(int)
+        top = max(float(np.max(room)), 1.0)
+        grid = np.r_[0.0, np.geomspace(1.0, top, 16)]
+        p = np.minimum(grid[:, None], m.u[pick][None, :])
+        ctx = m.cached[pick][None, :] + p
+        e = self.table.extension(np.maximum(p, 1.0).ravel(), ctx.ravel(), max(b, 1.0))
+        e = np.where(p.ravel() > 0, e, 0.0).reshape(p.shape).mean(axis=1)
+        return np.interp(room, grid, e)
 
 
 _TABLES: dict = {}
@@ -219,6 +292,37 @@ class _StepTable:
         return _StepTable(eng.sm, (b_dec, t_dec), b_grid, p_grid, c_grid,
                           np.maximum(full - base, 0.0))
 
+    def _plane(self, b: float) -> np.ndarray:
+        j = int(np.clip(np.searchsorted(self.b_grid, b) - 1, 0, len(self.b_grid) - 2))
+        w = float(np.clip((b - self.b_grid[j]) / (self.b_grid[j + 1] - self.b_grid[j]), 0, 1))
+        return (1 - w) * self.ext[j] + w * self.ext[j + 1]
+
+    def extension_at_chunk(self, p: float, ctx, b: float) -> np.ndarray:
+        """`extension` for one chunk size over many contexts (same bilinear interpolation,
+        reduced to one np.interp along the context grid)."""
+        plane = self._plane(b)
+        x = float(np.clip(p, self.p_grid[0], self.p_grid[-1]))
+        i = int(np.clip(np.searchsorted(self.p_grid, x) - 1, 0, len(self.p_grid) - 2))
+        fx = (x - self.p_grid[i]) / (self.p_grid[i + 1] - self.p_grid[i])
+        column = (1 - fx) * plane[i] + fx * plane[i + 1]
+        return np.maximum(np.interp(np.asarray(ctx, float), self.c_grid, column), 0.0)
+
+    def context_index(self, ctx) -> tuple[np.ndarray, np.ndarray]:
+        y = np.clip(np.asarray(ctx, float), self.c_grid[0], self.c_grid[-1])
+        k = np.clip(np.searchsorted(self.c_grid, y) - 1, 0, len(self.c_grid) - 2)
+        return k, (y - self.c_grid[k]) / (self.c_grid[k + 1] - self.c_grid[k])
+
+    def extension_at_contexts(self, p, index, b: float) -> np.ndarray:
+        """`extension` at contexts pre-indexed by `context_index` (fixed per request mix)."""
+        plane = self._plane(b)
+        k, fy = index
+        x = np.clip(np.asarray(p, float), self.p_grid[0], self.p_grid[-1])
+        i = np.clip(np.searchsorted(self.p_grid, x) - 1, 0, len(self.p_grid) - 2)
+        fx = (x - self.p_grid[i]) / (self.p_grid[i + 1] - self.p_grid[i])
+        lo = plane[i, k] + fy * (plane[i, k + 1] - plane[i, k])
+        hi = plane[i + 1, k] + fy * (plane[i + 1, k + 1] - plane[i + 1, k])
+        return np.maximum(lo + fx * (hi - lo), 0.0)
+
     def extension(self, p, ctx, b: float) -> np.ndarray:
         j = int(np.clip(np.searchsorted(self.b_grid, b) - 1, 0, len(self.b_grid) - 2))
         w = float(np.clip((b - self.b_grid[j]) / (self.b_grid[j + 1] - self.b_grid[j]), 0, 1))
@@ -251,6 +355,15 @@ class _State:
     gaps: np.ndarray | None = None  # closed loop: session idle times (finite-source wait)
     extra: float = 0.0  # TTFT added outside the queue (step in flight, prefill cadence)
     shots: tuple | None = None  # threshold mode: (runs/step, heights, lengths, own steps, own s)
+    delay: np.ndarray | None = None  # per request, outside the queue: lower-tier KV reload
+    # FCFS: probability that the next queued prompt fills the rest of this prompt's last step,
+    # and what that adds to this prompt's TTFT
+    tail_q: np.ndarray | None = None
+    tail_ext: np.ndarray | None = None
+
+    @property
+    def tail_mean(self) -> float:
+        return 0.0 if self.tail_q is None else float(np.mean(self.tail_q * self.tail_ext))
 
 
 WAIT_GRID_FAST = 2**12
@@ -267,12 +380,22 @@ def _wait_law(service: np.ndarray, rho: float, x: float, gaps, n: int):
 
 def _solve_rate(eng: _Engine, x: float, ca2: float, n_sessions: float | None) -> _State:
     """Fixed point at per-rank request rate x (decode batch, step times, prefill queue)."""
+    st = _solve_rate_core(eng, x, ca2, n_sessions)
+    st.delay = eng.delay
+    return st
+
+
+def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | None) -> _State:
     pol, mix = eng.pol, eng.mix
     cap = pol.chunk_cap
     budget = float(pol.max_num_batched_tokens)
     interval = pol.prefill_schedule_interval
     b = max(x * eng.mean_o1 * eng.decode_step(1.0), 0.0)
     prev_tbar = 0.0
+    hint = eng.hint.get("b")
+    if hint is not None and hint[0] > 0:  # warm start from the nearest rate solved before
+        b, prev_tbar = hint[1] * x / hint[0], hint[2]
+    prev = None
     for _ in range(80):  # decode batch <-> step time fixed point
         c_free = max(budget - b, 1.0)
         if np.isinf(cap):
@@ -291,7 +414,18 @@ def _solve_rate(eng: _Engine, x: float, ca2: float, n_sessions: float | None) ->
         new_b = x * eng.mean_o1 * tbar
         if abs(new_b - b) <= 1e-3 * max(b, 1.0):
             break
-        b = 0.3 * b + 0.7 * new_b
+        # secant on new_b(b) - b once two points exist (damped iteration before and as the
+        # fallback): the decode batch grows slowly with itself, so this lands in 2-3 steps
+        h = new_b - b
+        nxt = 0.3 * b + 0.7 * new_b
+        if prev is not None and h != prev[1]:
+            cand = b - h * (b - prev[0]) / (h - prev[1])
+            if 0.0 <= cand <= 4.0 * max(new_b, b, 1.0):
+                nxt = cand
+        prev = (b, h)
+        b = nxt
+    if np.isfinite(tbar) and tbar > 0:
+        eng.hint["b"] = (x, b, tbar)
     share = 1.0 - td / tbar if np.isfinite(tbar) and tbar > 0 else 1.0
     if share >= 1.0 or not np.isfinite(tbar):
         return _State(x, b, td, tbar, k, ext, k * 0, 1.0, 0.0, 1.0,
@@ -322,6 +456,21 @@ def _solve_rate(eng: _Engine, x: float, ca2: float, n_sessions: float | None) ->
         # decode step
         base = service
         extra = (interval - 1) / 2.0 * tbar + busy * td / 2.0
+        # The server works on tokens, not requests: a prompt's last step has `room` tokens of
+        # budget left, which the scheduler hands to the next queued prompt, so that step (and
+        # this prompt's first token) lasts longer by the next prompt's chunk. The next prompt is
+        # queued when someone arrived during this prompt's wait W and its steps before the last
+        # (tau): q = 1 - E[exp(-x W)] exp(-x tau), with E[exp(-x W)] = (1 - rho) / E[exp(-x S)]
+        # (Pollaczek-Khinchine transform at s = x). The next prompt's own time is unchanged to
+        # first order (what it gains in the shared step it no longer needs later).
+        room = np.where(eng.last_rem > 0, rate - eng.last_rem, 0.0)
+        tau = np.maximum(service - interval * td - eng.last_ext_rem, 0.0)
+        if n_sessions:
+            lt_wait = float(np.sum(pmf * np.exp(-x * grid_dt * np.arange(len(pmf)))))
+        else:
+            lt_wait = (1.0 - rho_p) / max(float(np.mean(np.exp(-x * service))), 1e-300)
+        tail_q = np.clip(1.0 - min(lt_wait, 1.0) * np.exp(-x * tau), 0.0, 1.0)
+        tail_ext = eng.next_chunk_extension(room, b)
     else:
         rho_tok = x * float(mix.u.mean()) * tbar / max(c_free, 1.0)
         if rho_tok >= 1.0:
@@ -334,29 +483,45 @@ def _solve_rate(eng: _Engine, x: float, ca2: float, n_sessions: float | None) ->
         pick = np.linspace(0, len(k) - 1, min(len(k), 1500)).astype(int)
         kk = np.maximum(k[pick], 1.0)
         shots = (eng.dp * x * tbar, ext[pick] / kk, kk, interval * k, interval * k * td + ext)
-    return _State(x, b, td, tbar, k, ext, base, rho_p, wait, share, "", wait_scale,
-                  mix.z if n_sessions else None, extra, shots)
+    st = _State(x, b, td, tbar, k, ext, base, rho_p, wait, share, "", wait_scale,
+                mix.z if n_sessions else None, extra, shots)
+    if np.isinf(cap):
+        st.tail_q, st.tail_ext = tail_q, tail_ext
+    return st
 
 
 def _mean_step(x, mean_k, mean_e, td, interval, dp, fcfs) -> float:
     """Mean engine step: decode step + the prefill extension per step, where any lock-stepped
     rank's prefill slows every rank (unaligned: 1-(1-p)^dp of steps; aligned by the cadence:
-    prefill only on every interval-th step). Fixed point in the step time itself."""
-    tbar = td
-    for _ in range(100):
+    prefill only on every interval-th step). Fixed point in the step time itself, by secant
+    (exact in one step where the map is linear, as with one rank), plain iteration as the
+    fallback."""
+
+    def g(tbar: float) -> float:
         if fcfs:
             p_rank = min(x * mean_k * tbar * interval, 1.0)  # one prefill at a time
         else:
             p_rank = 1.0 - np.exp(-x * mean_k * tbar * interval)  # Poisson prefills in flight
         per_slot = x * mean_e * tbar * interval / max(p_rank, 1e-12)  # extension | rank busy
         any_rank = 1.0 - (1.0 - p_rank) ** dp
-        new = td + any_rank * per_slot / interval
-        if not np.isfinite(new) or new > 1e6 * td:
+        return td + any_rank * per_slot / interval
+
+    t0, g0 = td, g(td)
+    t1 = g0
+    for _ in range(100):
+        if not np.isfinite(t1) or t1 > 1e6 * td:
             return float("inf")
-        if abs(new - tbar) < 1e-9 * max(tbar, 1e-9):
-            return new
-        tbar = new
-    return tbar
+        g1 = g(t1)
+        if not np.isfinite(g1) or g1 > 1e6 * td:
+            return float("inf")
+        h0, h1 = g0 - t0, g1 - t1
+        if abs(h1) < 1e-9 * max(t1, 1e-9):
+            return g1
+        t2 = t1 - h1 * (t1 - t0) / (h1 - h0) if h1 != h0 else g1
+        if not td <= t2 <= 1e6 * td:
+            t2 = g1  # no fixed point in reach (or secant overshoot): plain iteration
+        t0, g0, t1 = t1, g1, t2
+    return t1
 
 
 def _closed_rate(eng: _Engine, n: float, ca2: float) -> tuple[float, _State]:
@@ -368,20 +533,43 @@ def _closed_rate(eng: _Engine, n: float, ca2: float) -> tuple[float, _State]:
         if st.reason:
             return np.inf, st
         r = float(st.ttft_base.mean()) + st.extra + st.wait_mean * st.wait_scale \
-            + eng.mean_o1 * st.tbar
+            + eng.mean_o1 * st.tbar + eng.mean_delay + st.tail_mean
         return r, st
 
     r0, _ = resp(1e-9)
     hi = n / max(z + r0, 1e-12)  # no queueing: the upper bound
-    lo = 0.0
+
+    def excess(x):  # > 0 when x is too high (more requests than sessions allow)
+        r, _ = resp(x)
+        return 1.0 if not np.isfinite(r) else x * (z + r) / n - 1.0
+
+    # Illinois regula falsi on a monotone function: converges in a handful of evaluations
+    # where bisection needed ~15; infeasible rates (inf response) fall back to halving
+    lo, f_lo, f_hi = 0.0, -1.0, excess(hi)
+    if f_hi <= 0:
+        lo = hi
+    side = 0
     for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        r, _ = resp(mid)
-        if mid * (z + r) > n:
-            hi = mid
-        else:
-            lo = mid
         if hi - lo < 2e-4 * hi:
+            break
+        if f_hi >= 1.0:  # unstable at hi: bisect until the function is finite
+            mid = 0.5 * (lo + hi)
+        else:
+            mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+            mid = min(max(mid, lo + 1e-4 * (hi - lo)), hi - 1e-4 * (hi - lo))
+        f = excess(mid)
+        if f > 0:
+            hi, f_hi = mid, f
+            if side == -1:
+                f_lo *= 0.5
+            side = -1
+        else:
+            lo, f_lo = mid, f
+            if side == 1:
+                f_hi *= 0.5
+            side = 1
+        if abs(f) < 2e-4:
+            lo = mid
             break
     r, st = resp(lo)
     return lo, st
@@ -390,7 +578,9 @@ def _closed_rate(eng: _Engine, n: float, ca2: float) -> tuple[float, _State]:
 def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Load, *,
           hit_rate: float | None = None, slo_p90_interactivity: float | None = None,
           slo_ttft_s: float | None = None, dp_ranks: int | None = None, mix_size: int = MIX_SIZE,
-          seed: int = 0) -> ServingResult:
+          seed: int = 0, cache: CacheEffect | bool | None = None, cache_policy: str = "lru",
+          cache_tiers: tuple[str, ...] = ("hbm", "host"), prefetch_reload: bool = False
+          ) -> ServingResult:
     """Closed-form serving of `workload` under `load` on one replica (`step_model`).
 
     `load`: ClosedLoop(concurrency) sessions for the replica, OpenLoop(rate) or TraceArrivals.
@@ -398,6 +588,12 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     per-session cache; pass model.cache / model.cache_model's number to plug in a finite cache).
     `dp_ranks`: lock-stepped attention ranks (default: step_model.plan.dp, else 1); the load is
     spread evenly over them. SLO arguments add goodput (requests/s meeting both).
+    `cache`: the prefix cache (model.serving_cache.CacheEffect). Default (None, no `hit_rate`):
+    when `step_model` describes a deployment (arch, hw, plan) and the workload is a session
+    profile, engineer F's model.cache_model gives the hit rate and the tier traffic of this
+    replica's HBM pool plus `cache_tiers` under `cache_policy` at this load; lower-tier hits add
+    their reload time to TTFT (less the gap before the request with `prefetch_reload`).
+    `cache=False`: the profile's own hit (an infinite per-session cache).
     """
     dp = int(dp_ranks or getattr(getattr(step_model, "plan", None), "dp", 1) or 1)
     if isinstance(load, TraceArrivals):
@@ -407,6 +603,22 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     elif workload is None:
         raise ServecastError("serve: workload: needed for closed and open loads")
     else:
+        if cache is None and hit_rate is None:
+            from model.serving_cache import deployment_cache
+
+            cache = deployment_cache(step_model, workload, _live_sessions(workload, load, seed),
+                                     cache_policy, cache_tiers, prefetch_reload)
+        if cache:
+            if hit_rate is not None:
+                raise ServecastError("serve: hit_rate: give either hit_rate or cache, not both")
+            # the cache model's misses on top of what an infinite cache already misses, applied
+            # to this mix (its own sample of the profile may sit a little off the ceiling)
+            ceiling = cache.infinite_hit_rate
+            if ceiling is None:
+                hit_rate = cache.hit_rate
+            elif cache.hit_rate < ceiling - 1e-12:
+                own = _cached_mix(workload, mix_size, seed, None).hit_rate
+                hit_rate = own * cache.hit_rate / max(ceiling, 1e-12)
         rm = _cached_mix(workload, mix_size, seed, hit_rate)
     gap = rm.gap_s
     if isinstance(load, ClosedLoop):
@@ -415,6 +627,9 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
                rm.output_tokens.astype(float), gap.astype(float))
     hit = RequestMix(mix.c, mix.u, mix.o, mix.z).hit_rate
     eng = _Engine(step_model, mix, policy, dp)
+    if cache:
+        eng.delay = cache.reload_s(mix.c, mix.z)
+        eng.mean_delay = float(eng.delay.mean())
     gpus = int(getattr(step_model, "gpus", 1))
 
     if isinstance(load, ClosedLoop):
@@ -431,7 +646,8 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
             return _unstable(st.reason, hit, policy)
 
     # admission limit: running requests per rank (max_num_seqs, KV pool)
-    r_run = float(st.ttft_base.mean()) + st.extra + eng.mean_o1 * st.tbar
+    r_run = float(st.ttft_base.mean()) + st.extra + eng.mean_o1 * st.tbar + eng.mean_delay \
+        + st.tail_mean
     running = x * r_run
     kv_tokens = float(np.asarray(getattr(step_model, "kv_capacity_tokens",
                                          lambda c: np.inf)(float(mix.c.mean())))) / dp
@@ -451,7 +667,8 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         bounded = bounded_name
         x = limit / r_run
         st = _solve_rate(eng, x, 1.0, n_rank)
-        r_run = float(st.ttft_base.mean()) + st.extra + eng.mean_o1 * st.tbar
+        r_run = float(st.ttft_base.mean()) + st.extra + eng.mean_o1 * st.tbar + eng.mean_delay \
+            + st.tail_mean
         x = limit / r_run
         admit_wait = max(n_rank / x - float(mix.z.mean()) - r_run - st.wait_mean, 0.0)
 
@@ -479,7 +696,8 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         output_tokens_per_s_per_gpu=float(out_tps), requests_per_s=float(x_rep),
         concurrency=float(concurrency), decode_batch_per_rank=float(st.b),
         prefill_step_share=float(st.share), hit_rate=float(hit), bounded_by=bounded,
-        goodput_requests_per_s=good, slo_attainment=attain, policy=policy.as_dict())
+        goodput_requests_per_s=good, slo_attainment=attain, policy=policy.as_dict(),
+        cache=cache.summary() if cache else None, mean_reload_s=eng.mean_delay)
 
 
 TTFT_GRID = 2**15
@@ -487,18 +705,35 @@ TPOT_GRID = 4096
 WINDOW_BINS = 20
 
 
+def _live_sessions(workload: Workload, load: Load, seed: int) -> float:
+    """Sessions per replica holding a cache footprint: a closed loop's concurrency; an open
+    loop's arrivals times the gap between a session's turns (its idle time, which dominates
+    agentic traffic; Little's law)."""
+    if isinstance(load, ClosedLoop):
+        return float(load.concurrency)
+    gap = float(np.mean(_cached_mix(workload, MIX_SIZE, seed, None).gap_s))
+    return max(float(load.rate_per_s) * gap, 1.0)
+
+
 def _ttft_distribution(st: _State, admit_wait: float) -> tuple[np.ndarray, np.ndarray]:
     """(grid, pmf) of TTFT: own prefill time (+ FCFS M/G/1 wait, exact P-K transform); with a
     threshold, own chunks at the decode step time + the other prefills' extensions landing in
     the same steps (compound Poisson over a window of the request's own chunk count)."""
     base = st.ttft_base + admit_wait
+    if st.delay is not None:
+        base = base + st.delay
     if st.shots is not None:
         return _ttft_shared(st, admit_wait)
+    weights = np.full(len(base), 1.0 / len(base))
+    if st.tail_q is not None:  # mixture: the last step shared with the next prompt or not
+        weights = np.r_[weights * (1.0 - st.tail_q), weights * st.tail_q]
+        base = np.r_[base, base + st.tail_ext]
     if st.rho_p <= 0 or st.wait_mean <= 0:
-        grid = np.sort(base)
-        return grid, np.full(len(grid), 1.0 / len(grid))
+        order = np.argsort(base)
+        return base[order], weights[order]
     service = st.ttft_base
-    t_max = 4.0 * float(service.max()) + 40.0 * st.wait_mean / max(st.rho_p, 0.05)
+    t_max = max(4.0 * float(service.max()), 1.5 * float(base.max())) \
+        + 40.0 * st.wait_mean / max(st.rho_p, 0.05)
     dt = t_max / TTFT_GRID
     if st.gaps is not None:
         wait, _ = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID, st.gaps, st.x)
@@ -508,7 +743,7 @@ def _ttft_distribution(st: _State, admit_wait: float) -> tuple[np.ndarray, np.nd
         grid = np.arange(TTFT_GRID) * dt
         cdf = np.interp(grid / st.wait_scale, grid, np.cumsum(wait))
         wait = np.diff(cdf, prepend=0.0)
-    own = np.bincount(np.minimum((base / dt).astype(int), TTFT_GRID - 1),
+    own = np.bincount(np.minimum((base / dt).astype(int), TTFT_GRID - 1), weights,
                       minlength=TTFT_GRID).astype(float)
     own /= own.sum()
     pmf = np.maximum(np.fft.irfft(np.fft.rfft(wait, 2 * TTFT_GRID)
@@ -519,6 +754,8 @@ def _ttft_distribution(st: _State, admit_wait: float) -> tuple[np.ndarray, np.nd
 
 def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
     lam, heights, k, steps_own, own = st.shots
+    if st.delay is not None:
+        own = own + st.delay
     reps, weights = _window_bins(np.maximum(steps_own, 1.0))
     edges = np.unique(np.round(np.geomspace(1, steps_own.max() + 2, WINDOW_BINS + 1)))
     which = np.clip(np.searchsorted(edges, np.maximum(steps_own, 1.0), side="right") - 1, 0,
@@ -547,6 +784,9 @@ def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
 def _ttft_quantiles(st: _State, admit_wait: float):
     grid, pmf = _ttft_distribution(st, admit_wait)
     mean = float(np.mean(st.ttft_base)) + admit_wait + st.wait_mean * st.wait_scale
+    if st.delay is not None:
+        mean += float(np.mean(st.delay))
+    mean += st.tail_mean
     return quantiles_from_pmf(pmf, grid, QUANTILES), mean
 
 

@@ -6,11 +6,13 @@ import time
 
 
 def _best_of(fn, repeat: int = 3) -> float:
+    """Best CPU time of `repeat` runs (process time: the shared 2-core machine's load inflates
+    wall time several-fold; the planner's own process pays CPU time)."""
     best = float("inf")
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return best
 
 
@@ -31,6 +33,19 @@ def bench_serving() -> dict:
         "sweep_agentx_8_points_s": _best_of(
             lambda: sweep(sm, agentx, on, [8, 16, 32, 64, 96, 128, 192, 256]), 1),
     }
+    try:  # the planner's case: a real step model (engineer D), cache model wired in
+        from model.architecture import load_architecture
+        from model.hardware import load_hardware
+        from model.parallel import ParallelPlan
+        from model.step import build_step_model
+
+        real = build_step_model(load_architecture("deepseek-v4-pro"), load_hardware("b300"),
+                                ParallelPlan(tp=1, dp=8, ep=8))
+        serve(real, agentx, on, ClosedLoop(256))
+        out["serve_agentx_dsv4pro_b300_ms"] = 1e3 * _best_of(
+            lambda: serve(real, agentx, on, ClosedLoop(256)))
+    except Exception as err:  # noqa: BLE001 - the bench reports, never fails the run
+        out["serve_agentx_dsv4pro_b300_error"] = str(err)[:120]
     start = time.perf_counter()
     res = simulate(sm, load_workload("fixed-8k1k"), off, OpenLoop(1.0), duration_s=600, seed=0)
     wall = time.perf_counter() - start
@@ -41,7 +56,7 @@ def bench_serving() -> dict:
     wall = time.perf_counter() - start
     out["simulate_agentx_steps_per_s"] = res.steps / wall
     out["simulate_agentx_sim_s_per_wall_s"] = 600.0 / wall
-    return {k: round(v, 3) for k, v in out.items()}
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ output_dir: str = "."  # where figures and headline.json go
 # ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from model import charts, nbio
@@ -37,6 +38,7 @@ from model.parallel import ParallelPlan
 from model.plan import (
     best_by_family,
     decode_capacity_by_family,
+    dep_vs_tp_decode,
     plan,
     prefill_time_s,
     step_model,
@@ -93,6 +95,26 @@ result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
 families = best_by_family(result, slo_p90_interactivity)
 families
 
+# %% [markdown]
+# ## DEP vs TP+EP for decode: KV capacity against per-step cost
+#
+# DEP keeps a sequence's KV on one rank (TP copies MLA-style latent KV to every rank), so more
+# sequences fit and each GPU reads less KV per step; it replicates attention weights per rank and
+# adds all-to-all. Below the crossover batch TP+EP steps faster; the SLO fixes the batch.
+
+# %%
+try:
+    dep = dep_vs_tp_decode(arch, hardware, gpus, traffic.context_mean)
+except Infeasible as err:  # e.g. the weights do not fit a DP rank
+    dep = {"reason": str(err), "table": pd.DataFrame()}
+if not dep["table"].empty:
+    chart = charts.line_chart(dep["table"].melt("batch", ["tp_step_s", "dep_step_s"], "plan",
+                                                "step_s"), "batch", "step_s", "plan",
+                              log_x=True, title=f"{arch}: decode step, {dep['tp_plan']} vs "
+                              f"{dep['dep_plan']}")
+    charts.save(chart, Path(output_dir) / "dep_vs_tp_decode")
+dep["table"]
+
 # %%
 t = {r.plan: r.prefill_s for r in cold.itertuples()}
 w = {r.plan: r.prefill_s for r in warm.itertuples()}
@@ -108,6 +130,11 @@ headline = {
     "best_decode_family": best_decode.iloc[0]["family"],
     "best_mixed_family": families.iloc[0]["family"] if len(families) else None,
     "best_mixed_tpgs": float(families.iloc[0]["tpgs"]) if len(families) else None,
+    "dep_kv_capacity_ratio": dep["dep_kv_sequences"] / dep["tp_kv_sequences"]
+    if "dep_kv_sequences" in dep else None,
+    # None: DEP never steps faster over the batches compared
+    "dep_crossover_batch": dep["crossover_batch"]
+    if np.isfinite(dep.get("crossover_batch", np.inf)) else None,
 }
 nbio.write_headline(output_dir, headline)
 headline

@@ -47,9 +47,16 @@ def test_parallelism_notebook(tmp_path):
     h = run_notebook("parallelism", {"arch": "qwen3-32b", "hardware": "h100-sxm", "gpus": 4,
                                      "slo_p90_interactivity": 20.0, "long_prompt_tokens": 16384},
                      tmp_path)
-    # Dense 32B on 4 H100: PCP splits a cold 16K prompt's linear layers 4 ways like TP does, but
-    # without TP's per-layer all-reduces; it must not be slower than TP4 (ratio >= ~1).
-    assert h["pcp_speedup_vs_tp_cold"] > 0.95
+    # Dense 32B on 4 H100: PCP splits a cold 16K prompt's FLOPs 4 ways like TP does; they differ
+    # only by TP's per-layer all-reduces vs PCP's KV all-gather and per-rank weight reads, each a
+    # small part of a 16K prefill, so the two stay within ~20% of each other.
+    assert 0.8 < h["pcp_speedup_vs_tp_cold"] < 1.5
+    # DEP's KV advantage needs KV that TP duplicates and weights that EP shards. A dense GQA
+    # model has neither: DP4 puts all 65.5 GB of bf16 weights on each 80 GB H100 (<= 6 GB of
+    # pool left per rank under vLLM's 90% cap: <= 24 GB in all), TP4 a quarter per GPU (~55 GB
+    # of pool each, 220 GB in all) and shards the 8 KV heads 4 ways without copies. Capacity
+    # goes with total pool, so DP4 / TP4 <= 24 / 220 = 0.11 (less once activations are reserved).
+    assert h["dep_kv_capacity_ratio"] < 0.11
     # PP (TP2-PP2) adds latency to a warm 2K turn relative to TP4
     assert h["pp_slowdown_warm"] > 1.0
     assert h["best_mixed_family"] is not None

@@ -162,3 +162,21 @@ def test_pareto_and_best_under_slo():
     assert best_under_slo(df, 35)["tpgs"] == 60
     with pytest.raises(Infeasible):
         best_under_slo(df, 100)
+
+
+def test_finite_cache_misses_and_lower_tier_reloads():
+    # Same constant-20 ms setting as above, threshold 512 tokens/step. Infinite cache: requests
+    # of 1000 and 3000 new tokens take 2 and 6 chunks (mean 4 steps of prefill).
+    # A finite cache that evicted 2048 more tokens per request: chunks = 4 + 2048/512 = 8, so
+    # TTFT = 8 steps = 0.16 s; 500 tokens per request reloaded from host at 1 us/token add 0.5 ms.
+    # cycle = 0.16 + 0.0005 + 400 * 0.02 + 10 = 18.1605 s -> rate = 10 / 18.1605 turns/s.
+    tr = _traffic()
+    table = StepTable(ConstantStep(0.02), tr.context_mean, 8192, 8192, 512)
+    inf = evaluate_aggregated(table, tr, 0, 1, 1, 1, np.array([10.0]), 512, 1, 1e9)
+    assert inf["mean_ttft_s"][0] == pytest.approx(4 * 0.02, rel=0.02)
+    fin = evaluate_aggregated(table, tr, 0, 1, 1, 1, np.array([10.0]), 512, 1, 1e9,
+                              reload_s_per_token=1e-6, miss_tokens=2048.0,
+                              lower_tier_tokens=500.0)
+    assert fin["mean_ttft_s"][0] == pytest.approx(8 * 0.02 + 500e-6, rel=0.02)
+    assert fin["rate_rps"][0] == pytest.approx(10 / (0.16 + 0.0005 + 8 + 10), rel=1e-3)
+    assert fin["tokens_per_s"][0] < inf["tokens_per_s"][0]

@@ -43,7 +43,8 @@ def test_threshold_chunks_a_prompt_into_threshold_sized_steps():
 
 def test_md1_prefill_queue_agrees_within_10_percent():
     # 4000-token prompts, 2 output tokens, Poisson 2/s: an M/D/1 queue of one-step prefills.
-    # Measured: TTFT p50 +4.7%, p90 -5.3%, p99 -5.8% (closed form vs 4000 s simulated).
+    # Measured: TTFT p50 +0.3%, p90 +0.1%, p99 -3.9% (closed form vs 4000 s simulated; -5% at
+    # p90 before two 4000-token prompts could share one step, model.serving tail_q).
     d = yaml.safe_load((WORKLOADS_DIR / "fixed-8k1k.yaml").read_text())
     d["input_tokens"]["dist"]["value"] = 4000
     d["output_tokens"]["dist"]["value"] = 2
@@ -58,25 +59,50 @@ def test_md1_prefill_queue_agrees_within_10_percent():
 
 
 def test_fixed_8k1k_open_loop_agreement():
-    # Poisson 1 req/s of 8k/1k, threshold off. Measured: TPOT p50 0.0%, p90 -6.1%, p99 -6.3%;
-    # TTFT p50 -1.8%, p90 -19.9%, p99 -21.2%; TPGS +0.9%. The TTFT tail parts because the
-    # closed form serves each prefill at the mean decode batch, while in the simulation a
-    # prefill that meets a larger batch is slower and the queue behind it grows (service time
-    # and queue length are positively correlated).
+    # Poisson 1 req/s of 8k/1k, threshold off. Measured (1500 s simulated): TTFT p50 -2.0%,
+    # p90 -10.4%, p99 -8.6%; TPOT p50 0.0%, p90 -6.1%, p99 -6.3%; TPGS +0.9%. Before the closed
+    # form let the next queued prompt fill a prompt's last step (model.serving, tail_q) the TTFT
+    # p90/p99 sat at -20%: the 8-token remainder of an 8192-token prompt rides in a step with
+    # the next prompt's 8176-token chunk, so that prompt's first token waits a whole extra
+    # prefill step. What remains at p90: a prompt that joins the previous one's last step needs
+    # one step fewer than the closed form counts, and queue length and service time correlate.
     w = load_workload("fixed-8k1k")
     pol = EnginePolicy(8192, 256, 0)
     sim = simulate(SM, w, pol, OpenLoop(1.0), duration_s=1500, seed=1).summary()
     cf = serve(SM, w, pol, OpenLoop(1.0))
     tpot, ttft = _rel(cf.tpot_s, sim["tpot_s"]), _rel(cf.ttft_s, sim["ttft_s"])
     assert all(abs(v) < 0.10 for v in tpot.values()), tpot
-    assert abs(ttft["p50"]) < 0.10, ttft
-    assert abs(ttft["p90"]) < 0.25 and abs(ttft["p99"]) < 0.25, ttft
+    assert abs(ttft["p50"]) < 0.10 and abs(ttft["p99"]) < 0.10, ttft
+    assert abs(ttft["p90"]) < 0.12, ttft
     assert cf.tpgs == pytest.approx(sim["tpgs"], rel=0.03)
+
+
+def test_fixed_8k1k_light_poisson_agrees_within_10_percent():
+    # Poisson 0.5 req/s of 8k/1k, threshold off (model.serving_agreement scenario
+    # fixed-8k1k-poisson-0.5). Measured (1500 s): TTFT p50 -0.9%, p90 -0.5%, p99 -4.2%; TPOT
+    # p50 -1.5%, p90 -4.2%, p99 -7.5%; TPGS -3.1% (it was TTFT p90 -29.6% before the shared
+    # last step: 13.5% of prompts (x * one prefill step = 0.5 * 0.27 s) see the next prompt
+    # arrive during their first chunk and pay its 8176-token chunk, +0.26 s)
+    from model.serving_agreement import agreement
+
+    rel = agreement("fixed-8k1k-poisson-0.5", 1500)
+    assert all(abs(v) < 0.10 for v in rel.values()), rel
+
+
+@pytest.mark.parametrize("scenario", ["fixed-8k1k-think10-n16", "fixed-8k1k-think10-n32"])
+def test_fixed_lengths_closed_loop_with_think_time_agrees_within_10_percent(scenario):
+    # 8k/1k sessions with lognormal think time (mean 10 s), 16 and 32 sessions, threshold off.
+    # Measured (1500 s): n16 TTFT -2.7/-1.4/+3.8%, TPOT +0.5/+2.6/+5.6%, TPGS -1.3%;
+    # n32 TTFT -3.9/-8.1/-9.6%, TPOT -0.4/+1.8/+4.8%, TPGS -1.6% (p50/p90/p99)
+    from model.serving_agreement import agreement
+
+    rel = agreement(scenario, 1500)
+    assert all(abs(v) < 0.10 for v in rel.values()), rel
 
 
 def test_mooncake_conversation_open_loop_agreement():
     # Mooncake conversation lengths (37% prefix hit), Poisson 1 req/s, threshold off. Measured:
-    # TTFT p50 +1.2%, p90 +5.9%, p99 +13.7%; TPOT p50 +0.1%, p90 -14.9%, p99 -52%. The TPOT
+    # TTFT p50 +6.5%, p90 +8.8%, p99 +14.4%; TPOT p50 +0.1%, p90 -14.9%, p99 -52%. The TPOT
     # tail parts: a long prefill (input p99 85K) lands on few decode windows, and the closed
     # form's window statistics (Poisson starts of prefill runs) under-weight the clustering of
     # long prompts.

@@ -30,11 +30,19 @@ def register(app: typer.Typer) -> None:
                                                     help="A different chip for prefill workers."),
         precision: str | None = typer.Option(None, "--precision", help="Serve the weights in "
                                              "this format (the checkpoint's, e.g. fp8, mxfp8)."),
+        kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (e.g. fp8, "
+                                            "bf16); the family's recipe when omitted."),
+        cache_policy: str = typer.Option("lru", "--cache-policy",
+                                         help="Prefix retention: lru | interval | second-hit."),
+        cache_tiers: str = typer.Option("hbm,host", "--cache-tiers",
+                                        help="KV tiers, fastest first, from hbm,host,nvme."),
         api_model: str = typer.Option(DEFAULT_API_MODEL, "--api-model",
                                       help="API whose prices give the API-equivalent cost."),
         cost_basis: str = typer.Option("owned", "--cost-basis",
                                        help="owned | rental_low | rental_high | owned_model"),
         pareto: bool = typer.Option(False, "--pareto", help="Include the Pareto front rows."),
+        verify: bool = typer.Option(True, "--verify/--no-verify", help="Re-evaluate the best "
+                                    "aggregated candidate with the serving model."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """Search parallelism, P/D ratio and concurrency; print the best deployment and its cost."""
@@ -47,7 +55,10 @@ def register(app: typer.Typer) -> None:
                       slo_p90_interactivity=slo_p90_interactivity,
                       long_prefill_token_threshold=long_prefill_token_threshold,
                       modes=(mode,) if mode else MODES, prefill_hardware=prefill_hardware,
-                      precision=precision, api_model=api_model, cost_basis=cost_basis)
+                      precision=precision, kv_dtype=kv_dtype, api_model=api_model,
+                      cost_basis=cost_basis, cache_policy=cache_policy,
+                      cache_tiers=tuple(t.strip() for t in cache_tiers.split(",") if t.strip()),
+                      verify=verify)
         out = result.contract()
         if pareto:
             out["pareto"] = result.pareto.to_dict(orient="records")

@@ -53,7 +53,8 @@ def _median(a):
     return np.median(a)
 
 
-def _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision, kv_dtype):
+def _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision, kv_dtype,
+                spec_tokens=0, spec_acceptance=0.0):
     from model.architecture import load_architecture
     from model.hardware import load_hardware
     from model.parallel import ParallelPlan
@@ -61,7 +62,8 @@ def _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision, kv_
 
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1, pcp=pcp, dcp=dcp)
     return build_step_model(load_architecture(arch), load_hardware(hardware), plan,
-                            precision=precision, kv_dtype=kv_dtype)
+                            precision=precision, kv_dtype=kv_dtype, spec_tokens=spec_tokens,
+                            spec_acceptance=spec_acceptance)
 
 
 def _load(concurrency, rate, cv, gap_cap_s, workload):
@@ -92,7 +94,15 @@ def register(app: typer.Typer) -> None:
                                               help="open loop burstiness (default: profile/1)"),
         gap_cap_s: float = typer.Option(300.0, "--gap-cap-s", help="cap on tool/think gaps"),
         hit_rate: float = typer.Option(None, "--hit-rate", help="prefix-cache hit (default: "
-                                       "the profile's infinite-cache hit)"),
+                                       "model.cache_model for this replica's tiers)"),
+        cache_policy: str = typer.Option("lru", "--cache-policy",
+                                         help="lru | interval | second-hit"),
+        cache_tiers: str = typer.Option("hbm,host", "--cache-tiers",
+                                        help="comma list from hbm,host,nvme,remote"),
+        prefetch_reload: bool = typer.Option(False, "--prefetch-reload", help="copy lower-tier "
+                                             "hits up during the tool/think gap"),
+        infinite_cache: bool = typer.Option(False, "--infinite-cache",
+                                            help="use the profile's infinite-cache hit"),
         long_prefill_token_threshold: int = typer.Option(0, "--long-prefill-token-threshold",
                                                          help="0 = off (vLLM)"),
         max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens"),
@@ -105,6 +115,9 @@ def register(app: typer.Typer) -> None:
         dp: int = typer.Option(1, "--dp"), ep: int = typer.Option(1, "--ep"),
         moe_tp: int = typer.Option(None, "--moe-tp"),
         dcp: int = typer.Option(1, "--dcp"), pcp: int = typer.Option(1, "--pcp"),
+        spec_tokens: int = typer.Option(0, "--spec-tokens", help="MTP draft tokens per step"),
+        spec_acceptance: float = typer.Option(0.0, "--spec-acceptance",
+                                              help="per-position draft acceptance rate"),
         simulate_s: float = typer.Option(0.0, "--simulate-s", help="also run the discrete-event "
                                          "oracle for this many simulated seconds"),
         seed: int = typer.Option(0, "--seed"),
@@ -119,9 +132,13 @@ def register(app: typer.Typer) -> None:
         policy = EnginePolicy(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
                               prefill_schedule_interval)
         load = _load(concurrency, rate, interarrival_cv, gap_cap_s, w)
-        step = _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision, kv_dtype)
+        step = _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision, kv_dtype,
+                           spec_tokens, spec_acceptance)
+        tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
         r = serve(step, w, policy, load, hit_rate=hit_rate,
-                  slo_p90_interactivity=slo_p90_interactivity, seed=seed)
+                  slo_p90_interactivity=slo_p90_interactivity, seed=seed,
+                  cache=False if infinite_cache else None, cache_policy=cache_policy,
+                  cache_tiers=tiers, prefetch_reload=prefetch_reload)
         out = {"arch": arch, "hardware": hardware, "workload": w.name, "gpus": step.gpus,
                "plan": step.plan.label(), **r.as_dict(),
                "p90_interactivity_tok_s": r.interactivity_tok_s["p90"],
@@ -130,6 +147,8 @@ def register(app: typer.Typer) -> None:
             from model.simulate import simulate
 
             sim = simulate(step, w, policy, load, duration_s=simulate_s, seed=seed,
-                           hit_rate=hit_rate, dp_ranks=step.plan.dp)
+                           hit_rate=hit_rate if hit_rate is not None
+                           else (r.hit_rate if r.cache else None),
+                           dp_ranks=step.plan.dp)
             out["simulated"] = sim.summary()
         emit(out, as_json)

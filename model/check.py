@@ -1,0 +1,354 @@
+"""`servecast check FILE`: predict measured benchmark runs and score the gap.
+
+Reads two formats:
+- the calibration CSV (`data/calibration/e2e_measured.csv` columns: model_path, system, backend,
+  precision, mode, isl, osl, batch_size, tp/pp/attention_dp/moe_tp/moe_ep sizes, prefill_* and
+  decode_* for disaggregated runs, silicon_ttft_ms, silicon_tpot_ms);
+- the JSON `vllm bench serve --save-result` writes (mean_ttft_ms, mean_tpot_ms, completed,
+  total_input_tokens, total_output_tokens, max_concurrency, model_id), with the deployment given
+  by `--metadata` keys saved into the file (hardware, tp, pp, dp, ep, ...) or by CLI options.
+
+Every row it can model is predicted with `model.estimate`; the others are listed with the reason.
+Errors are absolute percentage errors |pred - meas| / meas (fractions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from model.errors import ServecastError
+from model.estimate import Disagg, estimate
+from model.parallel import ParallelPlan, is_moe
+
+QUANT = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "fp4": "nvfp4",
+         "bf16": "bf16", "fp16": "bf16", "float16": "bf16", "mxfp4": "mxfp4", "w4a16": "int4_group128",
+         "int4_wo": "int4_group128", "int8_wo": "int8"}
+GROUPS = ("system", "backend", "model")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured run, normalized."""
+
+    id: str
+    model: str
+    system: str
+    backend: str
+    mode: str  # agg | disagg
+    isl: int
+    osl: int
+    concurrency: int
+    gemm_quant: str | None
+    moe_quant: str | None
+    plan: ParallelPlan | None
+    disagg: Disagg | None
+    ttft_ms: float
+    tpot_ms: float
+
+
+def _int(v, default=1) -> int:
+    """Integer of a CSV cell; blank, NaN and 0 (unused degree) become `default`."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isnan(f) or f == 0 else int(round(f))
+
+
+def _plan(row, prefix: str = "") -> ParallelPlan:
+    g = lambda k: _int(row.get(f"{prefix}{k}"))  # noqa: E731
+    return ParallelPlan(tp=g("tp_size"), pp=g("pp_size"), dp=g("attention_dp_size"),
+                        moe_tp=g("moe_tp_size"), ep=g("moe_ep_size"))
+
+
+def _concurrency(row) -> int:
+    m = re.search(r"silicon_concurrency=(\d+)", str(row.get("silicon_data_source", "")))
+    if m:
+        return int(m.group(1))
+    if row.get("mode") == "disagg":
+        return (_int(row.get("decode_batch_size")) * _int(row.get("decode_attention_dp_size"))
+                * _int(row.get("decode_num_workers")))
+    return _int(row.get("batch_size"))
+
+
+def cases_from_csv(path: Path) -> list[Case]:
+    need = {"model_path", "system", "backend", "mode", "isl", "osl", "silicon_ttft_ms",
+            "silicon_tpot_ms"}
+    df = pd.read_csv(path)
+    missing = need - set(df.columns)
+    if missing:
+        raise ServecastError(f"{path}: missing columns {', '.join(sorted(missing))}; expected the "
+                             f"calibration CSV format (e2e_measured.csv)")
+    out = []
+    for i, row in enumerate(df.to_dict("records")):
+        disagg = None
+        plan = None
+        if row["mode"] == "disagg":
+            disagg = Disagg(_plan(row, "prefill_"), _plan(row, "decode_"),
+                            _int(row.get("prefill_num_workers")), _int(row.get("decode_num_workers")))
+        else:
+            plan = _plan(row)
+        out.append(Case(str(row.get("id", i)), str(row["model_path"]), str(row["system"]),
+                        str(row["backend"]), str(row["mode"]), _int(row["isl"]), _int(row["osl"]),
+                        _concurrency(row), QUANT.get(str(row.get("gemm_quant_mode"))),
+                        QUANT.get(str(row.get("moe_quant_mode"))), plan, disagg,
+                        float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])))
+    return out
+
+
+def cases_from_vllm_json(path: Path, overrides: dict | None = None) -> list[Case]:
+    """One case from a `vllm bench serve --save-result` file (metadata keys give the deployment)."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ServecastError(f"{path}: not JSON ({err.msg} at line {err.lineno})") from None
+    items = data if isinstance(data, list) else [data]
+    out = []
+    for i, d in enumerate(items):
+        meta = {**d, **(overrides or {})}
+        for key in ("mean_ttft_ms", "mean_tpot_ms", "completed", "total_input_tokens",
+                    "total_output_tokens"):
+            if key not in d:
+                raise ServecastError(f"{path}: {key}: missing; expected `vllm bench serve "
+                                     f"--save-result` JSON")
+        done = max(int(d["completed"]), 1)
+        conc = meta.get("max_concurrency") or meta.get("concurrency")
+        plan = ParallelPlan(tp=_int(meta.get("tp")), pp=_int(meta.get("pp")),
+                            dp=_int(meta.get("dp")), ep=_int(meta.get("ep")),
+                            moe_tp=_int(meta.get("moe_tp")), pcp=_int(meta.get("pcp")),
+                            dcp=_int(meta.get("dcp")))
+        out.append(Case(str(meta.get("id", f"{path.stem}[{i}]")),
+                        str(meta.get("model_id") or meta.get("model") or ""),
+                        str(meta.get("hardware") or ""), str(meta.get("backend_name", "vllm")),
+                        "agg", int(round(d["total_input_tokens"] / done)),
+                        int(round(d["total_output_tokens"] / done)),
+                        int(conc) if conc else 0, QUANT.get(str(meta.get("precision"))),
+                        QUANT.get(str(meta.get("moe_precision") or meta.get("precision"))),
+                        plan, None, float(d["mean_ttft_ms"]), float(d["mean_tpot_ms"])))
+    return out
+
+
+def load_cases(path: str | Path, overrides: dict | None = None) -> list[Case]:
+    p = Path(path)
+    if not p.exists():
+        raise ServecastError(f"{p}: no such file")
+    if p.suffix.lower() == ".json":
+        return cases_from_vllm_json(p, overrides)
+    if p.suffix.lower() == ".csv":
+        return cases_from_csv(p)
+    raise ServecastError(f"{p}: unknown format; allowed: .csv (calibration format), "
+                         f".json (vllm bench serve --save-result)")
+
+
+@lru_cache(maxsize=64)
+def _arch(name: str):
+    from model.architecture import load_architecture
+
+    return load_architecture(name)
+
+
+@lru_cache(maxsize=16)
+def _hw(name: str):
+    from model.hardware import load_hardware
+
+    return load_hardware(name)
+
+
+def _precision(arch, quant: str | None) -> str | None:
+    """Keep the checkpoint's own formats when the run's rate class matches them."""
+    from model.dtypes import dtype
+
+    if quant is None:
+        return None
+    if dtype(arch.weight_dtype).rate == dtype(quant).rate:
+        return None
+    return quant
+
+
+def _normalize(arch, plan: ParallelPlan | None) -> ParallelPlan | None:
+    """Make a recorded plan self-consistent: dense models drop MoE degrees; a MoE group larger
+    than tp*dp means the attention ran data parallel over the rest (moe_tp*ep GPUs in all)."""
+    if plan is None:
+        return None
+    if not is_moe(arch):
+        return replace(plan, ep=1, moe_tp=plan.attention_gpus)
+    moe = plan.moe_tp * plan.ep
+    if moe > plan.attention_gpus and moe % (plan.tp * plan.pcp) == 0:
+        return replace(plan, dp=moe // (plan.tp * plan.pcp))
+    return plan
+
+
+QUANTIZED_KV = True  # assumption: quantized (fp8 / fp4) runs keep an fp8 KV cache
+
+
+def kv_dtype_for(case: Case) -> str | None:
+    """The records carry no KV dtype. Assumption: runs with 8/4-bit GEMMs use an fp8 KV cache
+    (what the aiconfigurator-collected deployments of fp8/fp4 checkpoints typically enable);
+    others the model's default (bf16)."""
+    from model.dtypes import dtype
+
+    if QUANTIZED_KV and case.gemm_quant and dtype(case.gemm_quant).bits <= 8.5:
+        return "fp8"
+    return None
+
+
+@lru_cache(maxsize=8192)
+def case_components(case: Case) -> dict:
+    """The run's physics (model.estimate components) before engine factors, or {'skip': why}."""
+    if case.concurrency < 1:
+        return {"skip": "no closed-loop concurrency (max_concurrency) recorded"}
+    if not case.system:
+        return {"skip": "hardware not recorded (pass --hardware or --metadata hardware=...)"}
+    if case.backend not in ("vllm", "sglang", "trtllm"):
+        return {"skip": f"backend {case.backend!r} not modeled; allowed: vllm, sglang, trtllm"}
+    try:
+        arch = _arch(case.model)
+        hw = _hw(case.system)
+    except ServecastError as err:
+        return {"skip": str(err)}
+    kw = dict(precision=_precision(arch, case.gemm_quant),
+              moe_precision=_precision(arch, case.moe_quant), backend=case.backend,
+              cross_domain_tp=True, kv_dtype=kv_dtype_for(case))
+    plan = _normalize(arch, case.plan)
+    disagg = case.disagg
+    if disagg is not None:
+        disagg = replace(disagg, prefill_plan=_normalize(arch, disagg.prefill_plan),
+                         decode_plan=_normalize(arch, disagg.decode_plan))
+    try:
+        out = estimate(arch, hw, plan or ParallelPlan(), case.isl, case.osl, case.concurrency,
+                       disagg=disagg, **kw)
+    except ServecastError as err:
+        return {"skip": str(err)}
+    if not out["feasible"]:
+        return {"skip": f"model says infeasible: {out['reason']}"}
+    return out["components"]
+
+
+def predict_case(case: Case, factors: dict | None = None) -> dict:
+    """Prediction for one case ({'ttft_ms', 'tpot_ms'}), or {'skip': reason}. `factors` maps
+    backend -> EngineFactors (default: the fitted ones in data/calibration/engine.yaml)."""
+    from model.estimate import closed_loop
+    from model.step import engine_factors
+
+    comp = case_components(case)
+    if "skip" in comp:
+        return comp
+    f = (factors or {}).get(case.backend) or engine_factors(case.backend)
+    ttft, tpot, _ = closed_loop(comp, f.step_overhead_s, f.prefill_scale, f.decode_scale,
+                                f.arrival_sync, f.request_overhead_s, f.moe_scale,
+                                f.disagg_decode_scale, f.disagg_arrival_sync,
+                                f.disagg_request_overhead_s)
+    return {"ttft_ms": float(ttft) * 1e3, "tpot_ms": float(tpot) * 1e3}
+
+
+def _ape(pred, meas):
+    return np.abs(np.asarray(pred) - np.asarray(meas)) / np.asarray(meas)
+
+
+def score(table: pd.DataFrame) -> dict:
+    """Error figures of the predicted rows of a per-row table."""
+    ok = table[table["predicted"]]
+    te = _ape(ok["pred_ttft_ms"], ok["ttft_ms"]) if len(ok) else np.array([])
+    pe = _ape(ok["pred_tpot_ms"], ok["tpot_ms"]) if len(ok) else np.array([])
+
+    def stat(fn, a):
+        return float(fn(a)) if len(a) else None
+
+    return {"rows": int(len(table)), "predicted": int(len(ok)),
+            "ttft_mape": stat(np.mean, te), "tpot_mape": stat(np.mean, pe),
+            "ttft_median_ape": stat(np.median, te), "tpot_median_ape": stat(np.median, pe)}
+
+
+def check_table(cases: list[Case], factors=None) -> pd.DataFrame:
+    rows = []
+    for c in cases:
+        r = predict_case(c, factors)
+        rows.append({"id": c.id, "model": c.model, "system": c.system, "backend": c.backend,
+                     "mode": c.mode, "isl": c.isl, "osl": c.osl, "concurrency": c.concurrency,
+                     "plan": c.plan.label() if c.plan else
+                     f"P{c.disagg.prefill_workers}x{c.disagg.prefill_plan.label()}/"
+                     f"D{c.disagg.decode_workers}x{c.disagg.decode_plan.label()}",
+                     "ttft_ms": c.ttft_ms, "tpot_ms": c.tpot_ms,
+                     "predicted": "skip" not in r,
+                     "pred_ttft_ms": r.get("ttft_ms"), "pred_tpot_ms": r.get("tpot_ms"),
+                     "skip_reason": r.get("skip")})
+    df = pd.DataFrame(rows)
+    ok = df["predicted"]
+    df["ttft_ape"] = np.where(ok, _ape(df["pred_ttft_ms"].fillna(0), df["ttft_ms"]), np.nan)
+    df["tpot_ape"] = np.where(ok, _ape(df["pred_tpot_ms"].fillna(0), df["tpot_ms"]), np.nan)
+    return df
+
+
+def check(path: str | Path, out_csv: str | Path | None = None, overrides: dict | None = None,
+          factors=None) -> dict:
+    """The `servecast check` contract: rows, predicted, skipped, MAPE and median APE of TTFT and
+    TPOT overall and by system, backend and model."""
+    table = check_table(load_cases(path, overrides), factors)
+    result = summarize(table)
+    if out_csv:
+        Path(out_csv).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out_csv, index=False)
+        result["out"] = str(out_csv)
+    return result
+
+
+def summarize(table: pd.DataFrame) -> dict:
+    result = score(table)
+    result["coverage"] = result["predicted"] / max(result["rows"], 1)
+    result["skipped"] = [{"id": r.id, "reason": r.skip_reason}
+                         for r in table[~table["predicted"]].itertuples()]
+    for g in GROUPS:
+        result[f"by_{g}"] = {str(k): score(sub) for k, sub in table.groupby(g)}
+    result["by_mode"] = {str(k): score(sub) for k, sub in table.groupby("mode")}
+    return result
+
+
+def explain_case(case: Case) -> dict:
+    """Which terms make up the predicted TPOT and TTFT of a run (seconds), and the largest one:
+    engineers read the gap against the term that dominates."""
+    from model.step import engine_factors
+
+    comp = case_components(case)
+    if "skip" in comp:
+        return {}
+    f = engine_factors(case.backend)
+    s = f.disagg_arrival_sync if comp["disagg"] else f.arrival_sync
+    osl1 = max(comp["osl"] - 1.0, 1.0)
+    ms = f.moe_scale
+    t_wave = (comp["k_wave"] + ms * comp["m_wave"]) * f.prefill_scale + comp["n_wave"] \
+        + f.step_overhead_s
+    t_one = (comp["k_one"] + ms * comp["m_one"]) * f.prefill_scale + comp["n_one"] \
+        + f.step_overhead_s
+    agg = 1.0 - comp["disagg"]
+    interference = agg * (s * 0.5 * max(comp["wave_steps"] - 1.0, 0.0) * t_wave
+                          + (1 - s) * comp["per_rank"] * comp["chunks"]
+                          * (t_one - f.step_overhead_s)) / osl1
+    tpot_terms = {"decode_kernels": comp["k_dec"] * f.decode_scale,
+                  "decode_experts": ms * comp["m_dec"] * f.decode_scale, "network": comp["n_dec"],
+                  "step_overhead": f.step_overhead_s, "prefill_interference": interference}
+    pred = predict_case(case)
+    prefill = (s * comp["wave_steps_mean"] * t_wave
+               + (1 - s) * comp["chunks"] * t_one)
+    ttft_terms = {"prefill": prefill, "kv_transfer": comp["t_kv"],
+                  "request_overhead": f.disagg_request_overhead_s if comp["disagg"]
+                  else f.request_overhead_s}
+    ttft_terms["queueing"] = max(pred["ttft_ms"] / 1e3 - sum(ttft_terms.values()), 0.0)
+    return {"tpot_term": max(tpot_terms, key=tpot_terms.get),
+            "ttft_term": max(ttft_terms, key=ttft_terms.get),
+            **{f"tpot_{k}_ms": v * 1e3 for k, v in tpot_terms.items()},
+            **{f"ttft_{k}_ms": v * 1e3 for k, v in ttft_terms.items()}}
+
+
+def explain_table(cases: list[Case]) -> pd.DataFrame:
+    """check_table plus the term breakdown of each predicted row."""
+    table = check_table(cases)
+    extra = pd.DataFrame([explain_case(c) for c in cases])
+    return pd.concat([table, extra], axis=1)

@@ -1,0 +1,60 @@
+"""Deployment recipes: how a model family is served (weight precision, KV-cache dtype, speculative
+decoding), as data in data/deployments/*.yaml with sources. `plan` fills what the caller leaves
+unset from the recipe, so a deployment's serving format is an input of record, never a per-row
+factor."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from model.errors import SpecError
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "data" / "deployments"
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    family: str
+    architectures: tuple[str, ...]
+    precision: str | None = None
+    precision_source: str
+    kv_dtype: str | None = None
+    kv_dtype_source: str
+    spec_tokens: int = Field(0, ge=0)
+    spec_acceptance: float = Field(0.0, ge=0.0, lt=1.0)
+    spec_source: str
+    date: str
+
+    def assumptions(self) -> str:
+        return (f"recipe {self.family}: weights {self.precision or 'as checkpoint'}, KV "
+                f"{self.kv_dtype or 'checkpoint dtype'}, speculative decoding "
+                f"{'off' if self.spec_tokens == 0 else f'{self.spec_tokens} tokens'} "
+                f"(data/deployments/{self.family}.yaml)")
+
+
+@cache
+def load_recipes() -> tuple[Recipe, ...]:
+    out = []
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        if isinstance(data, dict) and "date" in data:
+            data["date"] = str(data["date"])  # YAML reads 2026-11-29 as a date
+        try:
+            out.append(Recipe.model_validate(data))
+        except ValidationError as err:
+            e = err.errors()[0]
+            raise SpecError(str(path), ".".join(str(p) for p in e["loc"]) or "-", e["msg"]) from None
+    return tuple(out)
+
+
+def recipe_for(arch_name: str) -> Recipe | None:
+    """The recipe listing `arch_name` (exact slug), else None (serve the checkpoint as is)."""
+    for r in load_recipes():
+        if arch_name in r.architectures:
+            return r
+    return None

@@ -1,0 +1,175 @@
+"""Closed form (model.serving) vs the discrete-event oracle (model.simulate) on named scenarios.
+
+`python -m model.serving_agreement [names...]` prints the table scenario x metric x relative
+difference (closed form / simulation - 1). The scenarios cover fixed-length profiles under
+Poisson arrivals and closed loops with think time, AgentX synthetic sessions and the replayed
+AgentX sample, each at several loads, threshold off and 512; tests/test_simulate.py asserts a
+subset with shorter simulations.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.policy import EnginePolicy
+from model.serving import AffineStepModel, serve
+from model.simulate import simulate
+from model.workload import ClosedLoop, Load, OpenLoop, load_workload, workload_from_dict
+
+# reference step models (affine, so both sides see identical step times; research/theory.md
+# §1.1): a fixed-length one with prefill attention cost, and the AgentX one of the notebook
+SM_FIXED = AffineStepModel(a=0.012, b=3e-5, c=1e-4, d=1.5e-9, e=2e-10)
+SM_AGENTX = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
+
+
+def fixed_with_think(isl: int, osl: int, think_mean_s: float, name: str | None = None):
+    """Fixed-length requests looped by sessions with lognormal (sigma 1) think time between
+    turns: every turn a fresh isl-token prompt (reset), osl output tokens."""
+    sigma = 1.0
+    mu = float(np.log(think_mean_s) - sigma**2 / 2)
+    return workload_from_dict({
+        "name": name or f"fixed-{isl}-{osl}-think{think_mean_s:g}",
+        "description": "fixed lengths with think time (agreement scenarios)",
+        "source": "constructed for model.serving_agreement", "date": "2026-11-29",
+        "kind": "sessions", "hit_rate": 0.0,
+        "turns_per_session": {"dist": {"kind": "fixed", "value": 1000}},
+        "first_input_tokens": {"dist": {"kind": "fixed", "value": isl}},
+        "context_growth_tokens": {"dist": {"kind": "fixed", "value": 0}},
+        "reset_probability": 1.0,
+        "output_tokens": {"dist": {"kind": "fixed", "value": osl}},
+        "think_time_s": {"dist": {"kind": "lognormal", "mu": mu, "sigma": sigma}},
+    })
+
+
+class SessionSet:
+    """A fixed population of synthetic sessions both sides see: the closed form its request mix,
+    the simulator its sessions (seeded order, cycling). AgentX sessions differ so much from one
+    another (a session's growth and gaps are drawn once for all its turns) that two draws of a
+    few hundred sessions disagree by ~10% on context and gap means; comparing on one
+    population separates the queueing approximations from that sampling noise."""
+
+    def __init__(self, profile: str, sessions: int, seed: int = 0):
+        from model.workload import RecordedWorkload
+
+        self.name = f"{profile}-{sessions}sessions"
+        self.specs = load_workload(profile).sessions(sessions, seed)
+        self.sessions = RecordedWorkload.sessions.__get__(self)
+        self.request_mix = RecordedWorkload.request_mix.__get__(self)
+        self.hit_rate = self.request_mix().hit_rate
+
+    def model_dump_json(self) -> str:
+        return f"sessionset:{self.name}:{id(self)}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    workload: str  # profile name, "think:<isl>:<osl>:<Z>" or "agentx-sample"
+    threshold: int
+    load: Load
+    sim_s: float
+    step: str = "fixed"  # "fixed" | "agentx"
+    seed: int = 1
+    sessions: bool = True  # False: the simulator draws each turn independently (no correlation)
+
+    def build(self):
+        if self.workload.startswith("think:"):
+            _, isl, osl, z = self.workload.split(":")
+            w = fixed_with_think(int(isl), int(osl), float(z))
+        elif self.workload.startswith("population:"):
+            _, profile, n = self.workload.split(":")
+            w = _population(profile, int(n))
+        elif self.workload == "agentx-sample":
+            from model import ROOT
+            from model.traces import load_trace
+            from model.workload import RecordedWorkload
+
+            w = RecordedWorkload(load_trace(ROOT / "data" / "traces" /
+                                            "cc_traces_weka_042026_sample"), "agentx-sample")
+        else:
+            w = load_workload(self.workload)
+        sm = SM_AGENTX if self.step == "agentx" else SM_FIXED
+        return sm, w, EnginePolicy(8192, 256, self.threshold)
+
+
+SCENARIOS = [
+    Scenario("fixed-8k1k-poisson-0.5", "fixed-8k1k", 0, OpenLoop(0.5), 3000),
+    Scenario("fixed-8k1k-poisson-1.0", "fixed-8k1k", 0, OpenLoop(1.0), 2000),
+    Scenario("fixed-8k1k-poisson-1.0-t512", "fixed-8k1k", 512, OpenLoop(1.0), 2000),
+    Scenario("fixed-8k1k-think10-n16", "think:8192:1024:10", 0, ClosedLoop(16), 2000),
+    Scenario("fixed-8k1k-think10-n32", "think:8192:1024:10", 0, ClosedLoop(32), 2000),
+    Scenario("fixed-8k1k-think10-n32-t512", "think:8192:1024:10", 512, ClosedLoop(32), 2000),
+    Scenario("agentx-n16", "agentx", 0, ClosedLoop(16), 3000, "agentx"),
+    Scenario("agentx-n16-t512", "agentx", 512, ClosedLoop(16), 3000, "agentx"),
+    Scenario("agentx-n48", "agentx", 0, ClosedLoop(48), 2000, "agentx"),
+    Scenario("agentx-n48-t512", "agentx", 512, ClosedLoop(48), 2000, "agentx"),
+    Scenario("agentx-sample-n16-t512", "agentx-sample", 512, ClosedLoop(16, 10.0), 3000,
+             "agentx"),
+    Scenario("agentx-sample-n16", "agentx-sample", 0, ClosedLoop(16, 10.0), 3000, "agentx"),
+    Scenario("agentx-sample-n32-t512", "agentx-sample", 512, ClosedLoop(32, 10.0), 3000,
+             "agentx"),
+]
+SCENARIOS += [
+    Scenario("agentx-pop16-n16", "population:agentx:16", 0, ClosedLoop(16), 16000, "agentx"),
+    Scenario("agentx-pop16-n16-t512", "population:agentx:16", 512, ClosedLoop(16), 16000,
+             "agentx"),
+    Scenario("agentx-pop16-n48", "population:agentx:16", 0, ClosedLoop(48), 8000, "agentx"),
+    Scenario("agentx-pop16-n48-t512", "population:agentx:16", 512, ClosedLoop(48), 8000,
+             "agentx"),
+    Scenario("agentx-pop64-n16", "population:agentx:64", 0, ClosedLoop(16), 8000, "agentx"),
+    Scenario("agentx-pop64-n16-t512", "population:agentx:64", 512, ClosedLoop(16), 8000,
+             "agentx"),
+    Scenario("agentx-pop64-n48", "population:agentx:64", 0, ClosedLoop(48), 4000, "agentx"),
+    Scenario("agentx-pop64-n48-t512", "population:agentx:64", 512, ClosedLoop(48), 4000,
+             "agentx"),
+]
+SCENARIOS += [Scenario(s.name + "-indep", s.workload, s.threshold, s.load, s.sim_s, s.step,
+                       s.seed, False) for s in SCENARIOS if s.workload == "agentx"]
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+_POPULATIONS: dict = {}
+
+
+def _population(profile: str, n: int) -> SessionSet:
+    if (profile, n) not in _POPULATIONS:
+        _POPULATIONS[profile, n] = SessionSet(profile, n)
+    return _POPULATIONS[profile, n]
+
+
+def agreement(scenario: Scenario | str, sim_s: float | None = None) -> dict[str, float]:
+    """Relative differences closed form / simulation - 1 for TTFT and TPOT p50/p90/p99, TPGS."""
+    sc = BY_NAME[scenario] if isinstance(scenario, str) else scenario
+    sm, w, pol = sc.build()
+    sim = simulate(sm, w, pol, sc.load, duration_s=sim_s or sc.sim_s, seed=sc.seed,
+                   sessions=sc.sessions).summary()
+    cf = serve(sm, w, pol, sc.load)
+    out = {}
+    for metric in ("ttft_s", "tpot_s"):
+        for q in ("p50", "p90", "p99"):
+            out[f"{metric[:4]}_{q}"] = getattr(cf, metric)[q] / sim[metric][q] - 1.0
+    out["tpgs"] = cf.tpgs / sim["tpgs"] - 1.0
+    return out
+
+
+def table(names=None, sim_scale: float = 1.0):
+    import pandas as pd
+
+    rows = []
+    for sc in SCENARIOS:
+        if names and sc.name not in names:
+            continue
+        rows.append({"scenario": sc.name, **{k: round(100 * v, 1) for k, v in
+                                             agreement(sc, sc.sim_s * sim_scale).items()}})
+    return pd.DataFrame(rows).set_index("scenario")
+
+
+if __name__ == "__main__":
+    import pandas as pd
+
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 20)
+    print(table(sys.argv[1:] or None))

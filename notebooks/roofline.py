@@ -1,0 +1,91 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% tags=["parameters"]
+arch: str = "deepseek-v3"  # architecture slug, HF id or config.json path
+hardware: str = "h200-sxm"  # chip name or alias
+tp: int = 1  # tensor parallel degree of attention/dense layers
+dp: int = 8  # attention data parallel degree (DEP with ep)
+ep: int = 8  # expert parallel degree; experts use tp*dp/ep-way tensor parallel
+precision: str = ""  # GEMM weight format override, empty for the checkpoint format
+decode_batch: int = 256  # sequences in the decode step (replica total)
+context: int = 4096  # tokens of context per decoding sequence / prompt length
+prefill_tokens: int = 8192  # new prompt tokens per rank in the prefill step
+output_dir: str = "."  # where figures and headline.json go
+
+# %% [markdown]
+# # Where a model's ops sit on the chip's roofline
+#
+# Each point is one op of one layer kind on one GPU: arithmetic intensity (FLOP per HBM byte,
+# from the closed-form counts in `model/ops.py`, sharded by the plan) against attained FLOP/s
+# (the same FLOPs over the modeled kernel time from `model/roofline.py`). Decode GEMMs sit left
+# of the ridge (HBM-bound); prefill GEMMs sit right of it (compute-bound).
+
+# %%
+# ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
+from pathlib import Path
+
+import pandas as pd
+
+from model import charts, nbio, ops
+from model.architecture import load_architecture
+from model.hardware import load_hardware
+from model.parallel import ParallelPlan
+from model.roofline import compute_rate
+from model.step import build_step_model
+
+a = load_architecture(arch)
+hw = load_hardware(hardware)
+moe_tp = max(tp * dp // ep, 1)
+sm = build_step_model(a, hw, ParallelPlan(tp=tp, dp=dp, ep=ep, moe_tp=moe_tp),
+                      precision=precision or None)
+rate, peak = compute_rate(sm.arch.weight_dtype, hw)  # weight-only formats run at bf16
+bandwidth = hw.hbm_bandwidth_bytes_per_s
+ridge = peak / bandwidth
+
+decode = sm.op_table(0, 0, decode_batch, context).assign(phase="decode")
+prefill = sm.op_table(prefill_tokens * dp, context, 0, 0, dp).assign(phase="prefill")
+table = pd.concat([decode, prefill], ignore_index=True)
+table["label"] = table["phase"] + " " + table["op"].str.split(":").str[-1]
+table.sort_values(["phase", "time_s"], ascending=[True, False]).head(20)
+
+# %% [markdown]
+# The formulas behind the counts (sympy, rendered):
+
+# %%
+pd.DataFrame(ops.render())
+
+# %%
+main = table[table["time_s"] * table["layers"] > 0.01 * (table["time_s"] * table["layers"]).sum()]
+chart = charts.roofline_chart(main, "intensity_flop_per_byte", "attained_flop_per_s", peak,
+                              bandwidth, label="phase",
+                              title=f"{a.name} on {hw.name} ({sm.plan.label()})",
+                              subtitle=f"decode {decode_batch} seqs at {context} tokens; "
+                                       f"prefill {prefill_tokens} tokens per rank")
+charts.save(chart, Path(output_dir) / "roofline")
+chart
+
+# %%
+def share_below_ridge(df: pd.DataFrame) -> float:
+    t = df["time_s"] * df["layers"]
+    return float(t[df["intensity_flop_per_byte"] < ridge].sum() / t.sum())
+
+
+dec_b = sm.breakdown(0, 0, decode_batch, context)
+pre_b = sm.breakdown(prefill_tokens * dp, context, 0, 0, dp)
+headline = {
+    "arch": a.name, "hardware": hw.name, "plan": sm.plan.label(),
+    "ridge_flop_per_byte": ridge,
+    "decode_step_ms": dec_b["step_time_s"] * 1e3, "decode_bottleneck": dec_b["bottleneck"],
+    "prefill_step_ms": pre_b["step_time_s"] * 1e3, "prefill_bottleneck": pre_b["bottleneck"],
+    "decode_time_share_memory_bound": share_below_ridge(decode),
+    "prefill_time_share_memory_bound": share_below_ridge(prefill),
+    "prefill_mfu": pre_b["flops_per_gpu"] / pre_b["step_time_s"] / peak,
+}
+nbio.write_headline(output_dir, headline)
+headline

@@ -1,0 +1,124 @@
+"""`model.estimate` / `servecast estimate`: contract keys, closed-loop consistency, physics bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.architecture import load_architecture
+from model.errors import ServecastError
+from model.estimate import Disagg, estimate
+from model.hardware import load_hardware
+from model.parallel import ParallelPlan
+
+CONTRACT = {"ttft_ms", "tpot_ms", "output_tokens_per_s_per_gpu", "total_tokens_per_s_per_gpu",
+            "memory_bytes_per_gpu", "feasible", "reason"}
+
+
+@pytest.fixture(scope="module")
+def llama70b():
+    return load_architecture("llama-3.1-70b")
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_hardware("h200-sxm")
+
+
+def test_contract_keys_and_littles_law(llama70b, h200):
+    out = estimate(llama70b, h200, ParallelPlan(tp=4, moe_tp=4), 1024, 1024, 32,
+                   precision="fp8")
+    assert set(out) >= CONTRACT
+    assert out["feasible"] is True and out["reason"] is None
+    # closed loop with all 32 clients running: C = X (TTFT + (OSL-1) TPOT)
+    cycle_s = (out["ttft_ms"] + 1023 * out["tpot_ms"]) / 1e3
+    assert out["output_tokens_per_s_per_gpu"] == pytest.approx(32 / cycle_s * 1024 / 4, rel=1e-6)
+    assert out["total_tokens_per_s_per_gpu"] == pytest.approx(
+        2 * out["output_tokens_per_s_per_gpu"])
+
+
+def test_tpot_at_least_weight_read_time(llama70b, h200):
+    # fp8 Llama-70B over TP4: 70.6e9 B / 4 GPUs at 4.8e12 B/s is 3.68 ms per decode step at best
+    out = estimate(llama70b, h200, ParallelPlan(tp=4, moe_tp=4), 1024, 1024, 1, precision="fp8")
+    assert out["tpot_ms"] >= 70.6e9 / 4 / 4.8e12 * 1e3
+    # and memory per GPU holds at least the weight shard
+    assert out["memory_bytes_per_gpu"] >= 70.6e9 / 4
+
+
+def test_more_concurrency_more_throughput_slower_tokens(llama70b, h200):
+    lo = estimate(llama70b, h200, ParallelPlan(tp=4, moe_tp=4), 1024, 1024, 4, precision="fp8")
+    hi = estimate(llama70b, h200, ParallelPlan(tp=4, moe_tp=4), 1024, 1024, 64, precision="fp8")
+    assert hi["output_tokens_per_s_per_gpu"] > 3 * lo["output_tokens_per_s_per_gpu"]
+    assert hi["tpot_ms"] > lo["tpot_ms"]
+
+
+def test_arrival_modes_bracket_benchmark(llama70b, h200):
+    kw = dict(precision="fp8")
+    plan = ParallelPlan(tp=4, moe_tp=4)
+    sync = estimate(llama70b, h200, plan, 2048, 512, 32, arrival="synchronized", **kw)
+    spread = estimate(llama70b, h200, plan, 2048, 512, 32, arrival="staggered", **kw)
+    bench = estimate(llama70b, h200, plan, 2048, 512, 32, **kw)
+    # 32 prompts arriving together wait behind each other's prefill chunks
+    assert sync["ttft_ms"] > 2 * spread["ttft_ms"]
+    assert spread["ttft_ms"] <= bench["ttft_ms"] <= sync["ttft_ms"]
+
+
+def test_infeasible_answers_carry_a_reason(llama70b):
+    h100 = load_hardware("h100-sxm")
+    ds = load_architecture("deepseek-v3")
+    out = estimate(ds, h100, ParallelPlan(tp=4, moe_tp=4), 1024, 1024, 8)
+    assert out["feasible"] is False and "GB" in out["reason"] and out["ttft_ms"] is None
+    bad = estimate(llama70b, h100, ParallelPlan(tp=3, moe_tp=3), 1024, 1024, 8)
+    assert bad["feasible"] is False and "tp=3" in bad["reason"]
+
+
+def test_malformed_questions_raise(llama70b, h200):
+    with pytest.raises(ServecastError, match="isl"):
+        estimate(llama70b, h200, ParallelPlan(tp=4, moe_tp=4), 0, 10, 1)
+    with pytest.raises(ServecastError, match="prefix"):
+        estimate(llama70b, h200, ParallelPlan(tp=4, moe_tp=4), 100, 10, 1, prefix_tokens=100)
+    with pytest.raises(ServecastError, match="arrival"):
+        estimate(llama70b, h200, ParallelPlan(tp=4, moe_tp=4), 100, 10, 1, arrival="poisson")
+
+
+def test_prefix_cache_hits_cut_ttft(llama70b, h200):
+    plan = ParallelPlan(tp=4, moe_tp=4)
+    cold = estimate(llama70b, h200, plan, 8192, 256, 8, precision="fp8")
+    warm = estimate(llama70b, h200, plan, 8192, 256, 8, precision="fp8", prefix_tokens=7680)
+    assert warm["ttft_ms"] < 0.5 * cold["ttft_ms"]
+
+
+def test_disaggregated_counts_both_pools(h200):
+    ds = load_architecture("deepseek-v3")
+    d = Disagg(ParallelPlan(tp=8, moe_tp=8), ParallelPlan(dp=8, ep=8), prefill_workers=2,
+               decode_workers=1)
+    out = estimate(ds, h200, ParallelPlan(), 8192, 1024, 64, disagg=d, breakdown=True)
+    assert out["feasible"] and out["gpus"] == 24 and out["mode"] == "disaggregated"
+    # KV of one 8192-token prompt (61 x 576 x 2 B x 8192 = 575.6 MB) crosses the network
+    assert out["kv_transfer_ms"] > 0
+    assert out["breakdown"]["decode"]["decode_step"]["bottleneck"] in (
+        "compute", "hbm", "network", "overhead")
+
+
+def test_cli_estimate_json_and_exit_codes(cli):
+    ok = cli("estimate", "--arch", "llama-3.1-70b", "--hardware", "h200-sxm", "--isl", "1024",
+             "--osl", "256", "--concurrency", "8", "--tp", "4", "--precision", "fp8", "--json")
+    assert ok.code == 0, ok.stderr
+    assert set(ok.json) >= CONTRACT and ok.json["feasible"] is True
+    infeasible = cli("estimate", "--arch", "deepseek-v3", "--hardware", "h100-sxm", "--isl",
+                     "1024", "--osl", "256", "--concurrency", "8", "--tp", "2", "--json")
+    assert infeasible.code == 0 and infeasible.json["feasible"] is False
+    bad = cli("estimate", "--arch", "no-such-model", "--hardware", "h100-sxm", "--isl", "1",
+              "--osl", "1", "--concurrency", "1", "--json")
+    assert bad.code == 2 and bad.stdout == "" and "no-such-model" in bad.stderr
+
+
+def test_mtp_speculative_decoding_cuts_tpot(h200):
+    ds = load_architecture("deepseek-v3")
+    plan = ParallelPlan(dp=8, ep=8)
+    base = estimate(ds, h200, plan, 1024, 1024, 8)
+    mtp = estimate(ds, h200, plan, 1024, 1024, 8, spec_tokens=3, spec_acceptance=0.7)
+    # 1 + 0.7 + 0.49 + 0.343 = 2.533 tokens per step, each step a little dearer (4 tokens per
+    # sequence through the model plus the MTP draft layer): TPOT falls, but by less than 2.533x
+    assert base["tpot_ms"] / 2.533 < mtp["tpot_ms"] < base["tpot_ms"]
+    with pytest.raises(ServecastError, match="spec"):
+        estimate(ds, h200, plan, 1024, 1024, 8, spec_tokens=2, spec_acceptance=1.5)

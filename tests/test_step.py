@@ -1,0 +1,98 @@
+"""Step latency model (model.step) on hand-built architectures and an H100-like test chip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_ops import deepseek_v3_like, llama8b, toy_hw
+
+from model.errors import Infeasible
+from model.parallel import ParallelPlan
+from model.step import EngineFactors, build_step_model
+
+NO_OVERHEAD = EngineFactors(step_overhead_s=0.0, arrival_sync=1.0)
+
+
+def test_decode_step_at_least_weight_read_time():
+    # Llama-8B bf16 on 3.35e12 B/s: reading 16.06e9 B of weights takes >= 4.79 ms
+    # (theory.md §3.3: T_step >= N b_w / W_hbm at small batch)
+    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan(), factors=NO_OVERHEAD)
+    t = float(sm.step_time_s(0, 0, 1, 1024))
+    assert t >= 16.06e9 / 3.35e12
+    assert t < 2.0 * 16.06e9 / 3.35e12  # and within the kernel efficiencies of it
+
+
+def test_tp_speeds_up_memory_bound_decode():
+    sm1 = build_step_model(llama8b(), toy_hw(), ParallelPlan(), factors=NO_OVERHEAD)
+    sm4 = build_step_model(llama8b(), toy_hw(), ParallelPlan(tp=4), factors=NO_OVERHEAD)
+    t1, t4 = float(sm1.step_time_s(0, 0, 8, 2048)), float(sm4.step_time_s(0, 0, 8, 2048))
+    # a quarter of the weights per GPU, plus all-reduces: between 1/4 and 1/2 of the TP1 time
+    assert t1 / 4 < t4 < t1 / 2
+
+
+def test_step_time_vectorized_matches_scalars():
+    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan(), factors=NO_OVERHEAD)
+    batch = np.array([1.0, 16.0, 128.0])
+    vec = sm.step_time_s(0, 0, batch, 4096)
+    one = [float(sm.step_time_s(0, 0, b, 4096)) for b in batch]
+    assert vec == pytest.approx(one)
+    assert np.all(np.diff(vec) > 0)  # more sequences, more KV to read
+    assert float(sm.step_time_s(0, 0, 0, 0)) == 0.0
+
+
+def test_prefill_is_compute_bound_and_decode_hbm_bound():
+    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan(), factors=NO_OVERHEAD)
+    pre = sm.breakdown(8192, 8192, 0, 0)
+    dec = sm.breakdown(0, 0, 1, 1024)
+    assert pre["bottleneck"] == "compute"
+    assert dec["bottleneck"] == "hbm"
+    # 8192-token prefill: 2 x 32 x 218.1e6 layer params x 8192 = 1.143e14 FLOPs, the LM head
+    # only for the one finishing sequence (2 x 525.3e6), attention 2 x 32 layers x 32 heads x
+    # (128+128) x 8192 queries x 8192 keys (ops.py counts the full context) = 3.518e13
+    assert pre["flops_per_gpu"] == pytest.approx(2 * 8192 * 32 * 218.1e6 + 2 * 525.3e6
+                                                 + 32 * 2 * 8192 * 32 * 256 * 8192, rel=0.01)
+    # an 8192-token prefill at the 9.9e14 bf16 peak cannot beat 1.14e14 / 9.9e14 = 0.115 s
+    assert pre["step_time_s"] > 1.14e14 / 9.9e14
+
+
+def test_kv_capacity_hand_derived():
+    # vLLM pool = 0.9 x 80 GB - 16.06 GB weights - 4 GB activations = 51.94 GB;
+    # Llama-8B bf16 KV: 32 layers x 8 heads x 256 x 2 B = 131072 B/token -> 396,300 tokens
+    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan())
+    weights = sm.weight_bytes_per_gpu
+    assert float(sm.kv_capacity_tokens(4096)) == pytest.approx((72e9 - weights - 4e9) / 131072,
+                                                               rel=1e-6)
+
+
+def test_mla_kv_duplicated_under_tp_and_split_by_dcp():
+    hw = toy_hw(hbm_bytes=141e9, hbm_bandwidth_bytes_per_s=4.8e12)
+    tp8 = build_step_model(deepseek_v3_like(), hw, ParallelPlan(tp=8))
+    dcp8 = build_step_model(deepseek_v3_like(), hw, ParallelPlan(tp=8, dcp=8))
+    dep8 = build_step_model(deepseek_v3_like(), hw, ParallelPlan(dp=8, ep=8))
+    # one 10K-token sequence: 61 layers x 576 x 2 B x 10000 = 702.7 MB on every TP rank
+    assert float(tp8.kv_bytes_per_seq_per_gpu(10000)) == pytest.approx(61 * 576 * 2 * 10000)
+    assert float(dcp8.kv_bytes_per_seq_per_gpu(10000)) == pytest.approx(61 * 576 * 2 * 10000 / 8)
+    # DCP8 holds 8x the tokens of TP8 (same weights per GPU); DEP8 holds more than TP8 too
+    assert float(dcp8.kv_capacity_tokens(10000)) == pytest.approx(
+        8 * float(tp8.kv_capacity_tokens(10000)))
+    assert float(dep8.kv_capacity_tokens(10000)) > float(tp8.kv_capacity_tokens(10000))
+
+
+def test_weights_that_do_not_fit_are_infeasible():
+    with pytest.raises(Infeasible, match="leaves no KV cache"):
+        build_step_model(deepseek_v3_like(), toy_hw(), ParallelPlan(tp=4))
+
+
+def test_speculative_decoding_tokens_per_step():
+    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan(), spec_tokens=3,
+                          spec_acceptance=0.8)
+    # 1 + 0.8 + 0.64 + 0.512 expected tokens per step
+    assert sm.tokens_per_decode_step == pytest.approx(2.952)
+
+
+def test_precision_override_halves_weight_bytes():
+    bf16 = build_step_model(llama8b(), toy_hw(), ParallelPlan())
+    fp8 = build_step_model(llama8b(), toy_hw(), ParallelPlan(), precision="fp8")
+    # all projections go to 1 byte; embedding and LM head stay bf16 (2 x 525.3M x 2 B)
+    heads = 2 * 128256 * 4096 * 2
+    assert fp8.weight_bytes_per_gpu - heads == pytest.approx((bf16.weight_bytes_per_gpu - heads) / 2)
