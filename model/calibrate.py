@@ -142,10 +142,28 @@ MOE_KEYS = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "m
             "moe_ep_size"]
 
 
+# MXFP4 experts run two different kernels: weight-only (w4a16: Marlin on Hopper, gpt-oss's
+# mxfp4 x bf16 path) and, on chips with FP4 tensor cores, the native block-scaled path (w4a8:
+# FlashInfer TRT-LLM mxfp4 x mxfp8, what vLLM runs for DeepSeek V4 on Blackwell). They differ by
+# 2-3x at the same shape (b200_sxm moe.parquet, DeepSeek-V4-Pro experts at 8192 tokens: 0.53 ms
+# w4a8); one curve over both fits neither, so where the native kernel is measured it alone
+# defines the format.
+NATIVE_MOE = {"mxfp4": "w4a8_mxfp4_mxfp8"}
+
+
+def moe_sources(chip: str, dtype_name: str) -> list[str]:
+    """Table dtypes that define `dtype_name`'s MoE curve on `chip` (native kernel if measured)."""
+    src = [k for k, v in DTYPE.items() if v == dtype_name]
+    native = NATIVE_MOE.get(dtype_name)
+    if native and native in set(table(chip, "moe").moe_dtype.unique()):
+        return [native]
+    return src
+
+
 def moe_samples(chip: str, dtype_name: str) -> Samples:
     hw = chip_spec(chip)
     df = table(chip, "moe")
-    src = [k for k, v in DTYPE.items() if v == dtype_name]
+    src = moe_sources(chip, dtype_name)
     df = df[df.moe_dtype.isin(src) & (df.distribution == "balanced")]
     df = _best_kernel(df, MOE_KEYS)
     d = roofline.lookup_dtype(dtype_name)
