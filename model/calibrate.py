@@ -380,9 +380,13 @@ def module_samples(chip: str, family: str, phase: str, kv_dtype: str, gemm_fits:
         extra[idx] = _proj_time_s(gfit, peak, hw.hbm_bandwidth_bytes_per_s,
                                   b[idx] * new[idx], shapes, d.bytes, act)
     f, by, r = _attention_rows(family, phase, configs, b, new, ctx)
+    # per_row_s: the per-query work a module does whatever the context (rope, quantizing the
+    # new KV, the compressor's pooling, output scaling): without it the fit explained that time
+    # as attention FLOPs at a 9% efficiency, and the DSV4 HCA time then grew ~8x too fast with
+    # context (b200: +17% from 0 to 62K cached tokens measured at 3K new tokens)
     return Samples(f, by, r, hw.peak("bf16"), hw.hbm_bandwidth_bytes_per_s, extra,
                    df.latency.to_numpy() * 1e-3, _groups(df, ["model", "gemm_type", "num_heads"]),
-                   fit_module_overhead=True)
+                   fit_module_overhead=True, row_count=b * new)
 
 
 def _config(family: str, model: str, h: int):

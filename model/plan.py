@@ -176,7 +176,8 @@ GRID = {"p_max_per_rank": 8192, "b_max": 65536, "points": 36}
 
 
 def _plan_models(arch, hw, sizes, phases, traffic, precision, kv_dtype, chunk,
-                 max_dp: int, spec: tuple[int, float] = (0, 0.0)) -> list[_PlanModel]:
+                 max_dp: int, spec: tuple[int, float, str] = (0, 0.0, "mtp")
+                 ) -> list[_PlanModel]:
     """A step model and step table for every valid plan of the given replica sizes. All tables
     share one grid, so aggregated and disaggregated candidates reuse them; built tables are kept
     for the process (same arch, chip, plan, precision, context and chunk)."""
@@ -203,7 +204,8 @@ def _plan_models(arch, hw, sizes, phases, traffic, precision, kv_dtype, chunk,
                     try:
                         step = build_step_model(arch, hw, plan, precision=precision,
                                                 kv_dtype=kv_dtype, spec_tokens=spec[0],
-                                                spec_acceptance=spec[1])
+                                                acceptance_length=spec[1],
+                                                spec_method=spec[2])
                     except Infeasible as err:
                         _MODEL_CACHE[key] = None
                         _REJECTED[(arch_key, hw_name)] = str(err)
@@ -514,15 +516,17 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
          kv_dtype: str | None = None, api_model: str = DEFAULT_API_MODEL,
          cost_basis: str = "owned", concurrency=None, hit_rate: float | None = None,
          max_num_batched_tokens: int = 8192, traffic: Traffic | None = None,
-         spec_tokens: int | None = None, spec_acceptance: float | None = None,
+         spec_tokens: int | None = None, acceptance_length: float | None = None,
+         spec_method: str | None = None,
          cache_policy: str = "lru", cache_tiers=DEFAULT_TIERS, finite_cache: bool = True,
          recipe: bool = True, verify: bool = False) -> PlanResult:
     """Search deployments of `arch` on `gpus` x `hardware` for `workload`; the best under the SLO.
 
     `long_prefill_token_threshold`: fix the threshold (else searched over THRESHOLDS);
     `prefill_hardware`: a different chip for disaggregated prefill workers;
-    `spec_tokens` / `spec_acceptance`: MTP / draft speculative decoding (off by default: no
-    sourced acceptance rate for these models on AgentX traffic);
+    `spec_tokens` / `acceptance_length` / `spec_method`: speculative decoding (draft tokens per
+    step, measured mean tokens per verification step, mtp | eagle3 | dspark); unset ones come
+    from the recipe (sourced acceptance lengths), else off;
     `cache_policy` / `cache_tiers`: prefix retention and tiers; the hit rate then answers to each
     candidate's capacity (`finite_cache=False`: the workload's infinite-cache hit rate);
     `recipe`: take precision, KV dtype and speculative decoding left unset from the model family's
@@ -537,10 +541,9 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
         if r is not None:
             precision = precision if precision is not None else r.precision
             kv_dtype = kv_dtype if kv_dtype is not None else r.kv_dtype
-            spec_tokens = spec_tokens if spec_tokens is not None else r.spec_tokens
-            spec_acceptance = spec_acceptance if spec_acceptance is not None else \
-                r.spec_acceptance
-    spec = (int(spec_tokens or 0), float(spec_acceptance or 0.0))
+            if spec_tokens is None:
+                spec_tokens, acceptance_length, spec_method = r.spec
+    spec = spec_setting(spec_tokens, acceptance_length, spec_method)
     if gpus < 1:
         raise ServecastError(f"gpus={gpus}: must be >= 1")
     for m in modes:
@@ -634,6 +637,21 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
                       search_seconds=elapsed)
 
 
+def spec_setting(tokens: int | None, acceptance_length: float | None,
+                 method: str | None) -> tuple[int, float, str]:
+    """(draft tokens, acceptance length, method), checked: one error line on bad input."""
+    k = int(tokens or 0)
+    al = float(acceptance_length or 0.0)
+    m = method or "mtp"
+    if k < 0 or m not in ("mtp", "eagle3", "dspark"):
+        raise ServecastError(f"speculative decoding: spec_tokens {k} must be >= 0 and method "
+                             f"{m!r} one of mtp, eagle3, dspark")
+    if k and not 1.0 <= al <= 1.0 + k:
+        raise ServecastError(f"speculative decoding: acceptance_length {al:g} must be in "
+                             f"[1, 1 + spec_tokens = {1 + k}]")
+    return (k, al if k else 0.0, m)
+
+
 def _deployment(best: pd.Series, models_by_id, arch_name: str, budget_tokens: int,
                 prefill_hw_name: str) -> Deployment:
     common = {"arch": arch_name, "concurrency": int(best["concurrency"]),
@@ -722,8 +740,8 @@ def _deployment_assumptions(arch_name, precision, kv_dtype, spec, cache: CacheSe
     r = recipe_for(arch_name) if arch_name else None
     out = [f"served weights {precision or 'as checkpoint'}, KV cache {kv_dtype or 'arch default'}"
            + (f" ({r.assumptions()})" if r else " (no deployment recipe)"),
-           "speculative decoding " + (f"{spec[0]} tokens at acceptance {spec[1]:g}" if spec[0]
-                                      else "off (no sourced acceptance rate)")]
+           "speculative decoding " + (f"{spec[2]} {spec[0]} tokens, acceptance length "
+                                      f"{spec[1]:g} tokens per step" if spec[0] else "off")]
     if finite:
         out.append(f"prefix cache: {cache.policy} over {'+'.join(cache.tiers)} per replica "
                    f"(model.cache_model closed form), hit {float(best.get('hit_rate', 0)):.3f} at "

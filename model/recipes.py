@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from model.errors import SpecError
 
@@ -25,15 +26,34 @@ class Recipe(BaseModel):
     precision_source: str
     kv_dtype: str | None = None
     kv_dtype_source: str
-    spec_tokens: int = Field(0, ge=0)
-    spec_acceptance: float = Field(0.0, ge=0.0, lt=1.0)
+    spec_method: Literal["none", "mtp", "eagle3", "dspark"] = "none"
+    spec_tokens: int = Field(0, ge=0, le=16)  # vLLM num_speculative_tokens
+    # measured mean tokens per verification step (1 + accepted drafts), <= 1 + spec_tokens
+    acceptance_length: float = Field(1.0, ge=1.0, le=17.0)
     spec_source: str
     date: str
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        if (self.spec_method == "none") != (self.spec_tokens == 0):
+            raise ValueError("spec_method none goes with spec_tokens 0 and vice versa")
+        if self.acceptance_length > 1.0 + self.spec_tokens:
+            raise ValueError(f"acceptance_length {self.acceptance_length} exceeds 1 + "
+                             f"spec_tokens ({1 + self.spec_tokens})")
+        return self
+
+    @property
+    def spec(self) -> tuple[int, float, str]:
+        """(draft tokens, acceptance length, method) as the step model takes them."""
+        return (self.spec_tokens, self.acceptance_length if self.spec_tokens else 0.0,
+                self.spec_method if self.spec_tokens else "mtp")
+
     def assumptions(self) -> str:
+        spec = "off" if self.spec_tokens == 0 else (
+            f"{self.spec_method} {self.spec_tokens} tokens, acceptance length "
+            f"{self.acceptance_length:g}")
         return (f"recipe {self.family}: weights {self.precision or 'as checkpoint'}, KV "
-                f"{self.kv_dtype or 'checkpoint dtype'}, speculative decoding "
-                f"{'off' if self.spec_tokens == 0 else f'{self.spec_tokens} tokens'} "
+                f"{self.kv_dtype or 'checkpoint dtype'}, speculative decoding {spec} "
                 f"(data/deployments/{self.family}.yaml)")
 
 

@@ -39,6 +39,7 @@ from model.parallel import (
 BACKENDS = ("vllm", "sglang", "trtllm")
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM default --gpu-memory-utilization
 ACTIVATION_RESERVE_BYTES = 4e9  # CUDA graphs, activations, workspace at 8K batched tokens (vLLM)
+EAGLE_DRAFT_VOCAB = 32000  # EAGLE-3 drafts predict over a reduced vocabulary (SpecForge default)
 
 
 # ---- kernel and collective time functions (engineer C), with physics fallbacks ---------------------
@@ -151,14 +152,24 @@ class StepModel:
     kv_dtype: str
     backend: str = "vllm"
     factors: EngineFactors = field(default_factory=EngineFactors)
-    spec_tokens: int = 0  # MTP / speculative tokens per decode step
-    spec_acceptance: float = 0.0  # per-position acceptance rate
+    spec_tokens: int = 0  # draft tokens per decode step (vLLM num_speculative_tokens)
+    spec_acceptance: float = 0.0  # per-position acceptance rate (when no acceptance length)
+    acceptance_length: float = 0.0  # measured mean tokens per verification step (1 + accepted)
+    spec_method: str = "mtp"  # mtp (checkpoint's MTP layer) | eagle3 | dspark (external draft)
 
     def __post_init__(self):
         self._groups = grouped_layers(self.arch.main_layers)
         self._mtp_groups = grouped_layers(self.arch.mtp_layers)
-        self.weight_bytes_per_gpu = weight_bytes_per_gpu(self.arch, self.plan,
-                                                         with_mtp=self.spec_tokens > 0)
+        mtp = self.spec_tokens > 0 and self.spec_method == "mtp" and bool(self.arch.mtp_layers)
+        self.weight_bytes_per_gpu = weight_bytes_per_gpu(self.arch, self.plan, with_mtp=mtp)
+        if self.spec_tokens > 0 and not mtp:  # an external draft model's layer and head
+            layer, rows = self.draft_layer
+            self.weight_bytes_per_gpu += sum(
+                lin.params * lookup_dtype(lin.dtype).bytes / linear_shard(lin, self.plan)
+                for lin in layer.attention.projections + layer.mlp.projections)
+            self.weight_bytes_per_gpu += (rows * self.arch.lm_head.in_features
+                                          * lookup_dtype(self.arch.lm_head.dtype).bytes
+                                          / self.plan.tp)
         self._kv_b = lookup_dtype(self.kv_dtype).bytes
 
     @property
@@ -168,15 +179,18 @@ class StepModel:
     @property
     def tokens_per_decode_step(self) -> float:
         """Expected tokens a sequence gains per decode step with speculative decoding."""
+        if self.spec_tokens and self.acceptance_length:
+            return float(min(self.acceptance_length, 1.0 + self.spec_tokens))
         a, n = self.spec_acceptance, self.spec_tokens
         return 1.0 + sum(a ** i for i in range(1, n + 1))
 
     # -- per-op times on one GPU --------------------------------------------------------------
-    def _op_times(self, pre, pctx, dec, dctx, pseqs):
-        """List of (name, kind, count, seconds-array) for one GPU over all layers."""
+    def _layer_times(self, layer, count, tag, pre, pctx, dec, q, dctx, pseqs):
+        """(name, kind, count, seconds) of one layer group on one GPU: `pre` prefill tokens of
+        `pseqs` sequences at `pctx`, `dec` decoding sequences pushing `q` tokens each at `dctx`
+        (replica totals, spread over the dp / pcp ranks)."""
         k = _kernels()
         p, hw, arch = self.plan, self.hw, self.arch
-        q = 1.0 + self.spec_tokens  # tokens each decode sequence pushes through the model
         dec_tok = dec * q
         pre_r = pre / (p.dp * p.pcp)
         dec_r = dec / p.dp
@@ -186,57 +200,86 @@ class StepModel:
         has_pre = pre_r > 0
         has_dec = dec_r > 0
         out = []
+        att = layer.attention
+        for lin in att.projections + layer.mlp.projections:
+            shard = linear_shard(lin, p)
+            t = k.gemm_time_s(tok_r, lin.out_features * lin.count / shard, lin.in_features,
+                              lin.dtype, hw)
+            out.append((f"{tag}:{lin.name}", "gemm", count, np.where(tok_r > 0, t, 0.0)))
+        tp_att = max(p.tp // p.dcp, 1)
+        if np.any(has_pre):
+            t = k.attention_time_s(att.kind, "prefill", pseqs_r, new_per_seq,
+                                   np.maximum(pctx, new_per_seq), att, self.kv_dtype, hw, p.tp)
+            out.append((f"{tag}:attn_prefill", "attention", count, np.where(has_pre, t, 0.0)))
+        if np.any(has_dec):
+            t = k.attention_time_s(att.kind, "decode", dec_r, q, np.maximum(dctx, 1.0) / p.dcp
+                                   / (p.pcp if p.pcp > 1 else 1), att, self.kv_dtype, hw, tp_att)
+            out.append((f"{tag}:attn_decode", "attention", count, np.where(has_dec, t, 0.0)))
+        ex = layer.mlp.experts
+        if ex is not None:
+            tokens_group = (pre + dec_tok) if p.dp > 1 or p.ep > 1 else tok_r
+            t = k.moe_time_s(tokens_group, ex.hidden_size, ex.intermediate_size, ex.top_k,
+                             ex.num_experts / p.ep, p.moe_tp, p.ep, ex.dtype, hw)
+            out.append((f"{tag}:experts", "moe", count, np.where(tokens_group > 0, t, 0.0)))
+        width = arch.hidden_size * arch.hyper_connections
+        norm_bytes = 2 * 2 * 2.0 * tok_r * width / (p.tp if p.sp else 1)
+        out.append((f"{tag}:norms", "memory", count, k.memory_time_s(norm_bytes, hw)))
+        for c in layer_collectives(layer, count, p, hw, arch.hidden_size, pre, dec_tok):
+            out.append((f"{tag}:{c.name}", "network", c.count,
+                        collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope)))
+        return out
+
+    def _op_times(self, pre, pctx, dec, dctx, pseqs):
+        """List of (name, kind, count, seconds-array) for one GPU over all layers."""
+        k = _kernels()
+        p, hw, arch = self.plan, self.hw, self.arch
+        q = 1.0 + self.spec_tokens  # tokens each decode sequence pushes through the model
+        out = []
         for layer, count in self._groups:
-            att = layer.attention
-            tag = f"{att.kind}/{layer.mlp.kind}"
-            for lin in att.projections + layer.mlp.projections:
-                shard = linear_shard(lin, p)
-                t = k.gemm_time_s(tok_r, lin.out_features * lin.count / shard, lin.in_features,
-                                  lin.dtype, hw)
-                out.append((f"{tag}:{lin.name}", "gemm", count, np.where(tok_r > 0, t, 0.0)))
-            tp_att = max(p.tp // p.dcp, 1)
-            if np.any(has_pre):
-                t = k.attention_time_s(att.kind, "prefill", pseqs_r, new_per_seq,
-                                       np.maximum(pctx, new_per_seq), att, self.kv_dtype, hw,
-                                       p.tp)
-                out.append((f"{tag}:attn_prefill", "attention", count,
-                            np.where(has_pre, t, 0.0)))
-            if np.any(has_dec):
-                t = k.attention_time_s(att.kind, "decode", dec_r, q, np.maximum(dctx, 1.0) / p.dcp
-                                       / (p.pcp if p.pcp > 1 else 1), att, self.kv_dtype, hw,
-                                       tp_att)
-                out.append((f"{tag}:attn_decode", "attention", count,
-                            np.where(has_dec, t, 0.0)))
-            ex = layer.mlp.experts
-            if ex is not None:
-                tokens_group = (pre + dec_tok) if p.dp > 1 or p.ep > 1 else tok_r
-                t = k.moe_time_s(tokens_group, ex.hidden_size, ex.intermediate_size, ex.top_k,
-                                 ex.num_experts / p.ep, p.moe_tp, p.ep, ex.dtype, hw)
-                out.append((f"{tag}:experts", "moe", count, np.where(tokens_group > 0, t, 0.0)))
-            width = arch.hidden_size * arch.hyper_connections
-            norm_bytes = 2 * 2 * 2.0 * tok_r * width / (p.tp if p.sp else 1)
-            out.append((f"{tag}:norms", "memory", count, k.memory_time_s(norm_bytes, hw)))
-            for c in layer_collectives(layer, count, p, hw, arch.hidden_size, pre,
-                                       dec_tok):
-                out.append((f"{tag}:{c.name}", "network", c.count,
-                            collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope)))
+            out += self._layer_times(layer, count, f"{layer.attention.kind}/{layer.mlp.kind}",
+                                     pre, pctx, dec, q, dctx, pseqs)
+        pre_r = pre / (p.dp * p.pcp)
+        dec_r = dec / p.dp
+        has_pre = pre_r > 0
+        pseqs_r = np.maximum(pseqs / p.dp, np.where(has_pre, 1.0, 0.0))
         logits_r = dec_r + pseqs_r * has_pre
         t = k.gemm_time_s(logits_r * q, arch.lm_head.out_features / p.tp,
                           arch.lm_head.in_features, arch.lm_head.dtype, hw)
         out.append(("lm_head", "gemm", 1, t))
-        emb = k.memory_time_s(tok_r * arch.hidden_size * 2 * 2.0, hw)
+        emb = k.memory_time_s((pre_r + dec * q / p.dp) * arch.hidden_size * 2 * 2.0, hw)
         out.append(("embedding", "memory", 1, emb))
-        if self.spec_tokens and self._mtp_groups:
-            for layer, count in self._mtp_groups:
-                lin_t = sum(k.gemm_time_s(dec_r, lin.out_features * lin.count / linear_shard(lin, p),
-                                          lin.in_features, lin.dtype, hw)
-                            for lin in layer.attention.projections + layer.mlp.projections)
-                out.append(("mtp_draft", "gemm", count * self.spec_tokens,
-                            np.where(has_dec, lin_t, 0.0)))
-        for c in pipeline_collectives(p, hw, arch.hidden_size, pre, dec_tok):
+        if self.spec_tokens:
+            out += self._draft_times(dec, dctx)
+        for c in pipeline_collectives(p, hw, arch.hidden_size, pre, dec * q):
             out.append((c.name, "network", c.count,
                         collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope)))
         return out
+
+    def _draft_times(self, dec, dctx):
+        """The drafter's `spec_tokens` sequential passes, one token per decoding sequence each:
+        the checkpoint's MTP layer (method mtp), else an EAGLE-3-style draft (one decoder layer
+        shaped like the target's first layer, routed experts excluded, and a reduced-vocabulary
+        head; EAGLE-3 paper, Li et al. 2025; SpecForge default draft_vocab_size 32000)."""
+        k = _kernels()
+        p, arch = self.plan, self.arch
+        layer, head_rows = self.draft_layer
+        out = [(f"draft:{n.split(':', 1)[1]}", kind, c * self.spec_tokens, t)
+               for n, kind, c, t in self._layer_times(layer, 1, "draft", 0.0 * dec, 0.0 * dec,
+                                                      dec, 1.0, dctx, 0.0 * dec)]
+        t = k.gemm_time_s(dec / p.dp, head_rows / p.tp, arch.lm_head.in_features,
+                          arch.lm_head.dtype, self.hw)
+        out.append(("draft:lm_head", "gemm", self.spec_tokens, np.where(dec > 0, t, 0.0)))
+        return out
+
+    @property
+    def draft_layer(self) -> tuple[Layer, int]:
+        """(layer the drafter runs per pass, rows of its vocabulary head)."""
+        if self.spec_method == "mtp" and self.arch.mtp_layers:
+            return self.arch.mtp_layers[0], self.arch.lm_head.out_features
+        first = self.arch.main_layers[0]
+        dense = replace(first.mlp, experts=None)
+        return (replace(first, mlp=dense),
+                min(self.arch.lm_head.out_features, EAGLE_DRAFT_VOCAB))
 
     def _combine(self, times, pre, dec):
         f = self.factors
@@ -450,14 +493,16 @@ def _build(arch: Architecture, hw, plan: ParallelPlan, precision: str | None = N
                      kv_dtype: str | None = None, backend: str = "vllm", spec_tokens: int = 0,
                      spec_acceptance: float = 0.0, factors: EngineFactors | None = None,
                      check_fit: bool = True, moe_precision: str | None = None,
-                     cross_domain_tp: bool = False) -> StepModel:
+                     cross_domain_tp: bool = False, acceptance_length: float = 0.0,
+                     spec_method: str = "mtp") -> StepModel:
     """Raises Infeasible if the plan breaks a rule or the weights do not fit."""
     arch = with_precision(arch, precision, moe_precision)
     plan = normalize_plan(arch, plan)
     validate_plan(arch, hw, plan, cross_domain_tp)
     system = getattr(hw, "name", None)
     model = StepModel(arch, hw, plan, kv_dtype or arch.default_kv_dtype, backend,
-                      factors or engine_factors(backend, system), spec_tokens, spec_acceptance)
+                      factors or engine_factors(backend, system), spec_tokens, spec_acceptance,
+                      acceptance_length, spec_method)
     if check_fit and model.kv_pool_bytes_per_gpu <= 0:
         raise Infeasible(f"{arch.name} weights need {model.weight_bytes_per_gpu / 1e9:.1f} GB per "
                          f"GPU under {plan.label()}: with activations that leaves no KV cache in "
