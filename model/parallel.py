@@ -216,16 +216,21 @@ def scope_of(group_gpus: int, hw, inner: int = 1) -> str:
 
 
 def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: int,
-                      prefill_tokens, decode_seqs, dispatch_dtype: str = "fp8") -> list[Collective]:
-    """Collectives of one layer (times `count` identical layers) for a step on one replica.
+                      prefill_tokens, decode_seqs, dispatch_dtype: str = "fp8",
+                      prefill_ranks=None) -> list[Collective]:
+    """Collectives of one layer (times `count` identical layers) for a step on one replica, as
+    the busiest rank sees them.
 
-    Token arguments are replica totals; each DP rank sees its 1/dp share (balanced).
+    Token arguments are replica totals; decode tokens are spread over the dp ranks, prefill
+    tokens over `prefill_ranks` of them (default: all, balanced).
     """
     p = plan
     act = 2.0  # bf16 hidden states
     pre = np.asarray(prefill_tokens, float)
     dec = np.asarray(decode_seqs, float)
-    tok_rank = (pre / p.pcp + dec) / p.dp  # tokens through one attention rank
+    pranks = p.dp if prefill_ranks is None else prefill_ranks
+    pre_rank = pre / pranks  # prefill tokens on the busiest attention rank (before pcp)
+    tok_rank = pre_rank / p.pcp + dec / p.dp  # tokens through one attention rank
     out: list[Collective] = []
     tp_scope = scope_of(p.tp, hw)
     has_experts = layer.mlp.experts is not None
@@ -245,7 +250,7 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
     if has_experts and p.ep > 1 and p.dp * p.pcp > 1:
         ex = layer.mlp.experts
         # tokens leave their rank once per top-k expert (DeepEP logical bytes, theory T38)
-        per_rank = (pre + dec) / (p.dp * p.pcp)
+        per_rank = tok_rank
         a2a_scope = scope_of(p.ep, hw)
         disp = per_rank * ex.top_k * ex.hidden_size * dtype(dispatch_dtype).bytes
         comb = per_rank * ex.top_k * ex.hidden_size * act
@@ -270,9 +275,9 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
 
         kv_entry = entry_elements(att) * 2.0
         sc = scope_of(p.pcp, hw, inner=p.tp)
-        out += [Collective("pcp_kv_all_gather", "all_gather", pre / p.dp * kv_entry, p.pcp, sc,
+        out += [Collective("pcp_kv_all_gather", "all_gather", pre_rank * kv_entry, p.pcp, sc,
                            count),
-                Collective("pcp_hidden_all_gather", "all_gather", pre / p.dp * hidden * act,
+                Collective("pcp_hidden_all_gather", "all_gather", pre_rank * hidden * act,
                            p.pcp, sc, count)]
     return out
 

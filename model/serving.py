@@ -75,8 +75,8 @@ class AffineStepModel:
     kv_tokens: float = float("inf")
 
     def step_time_s(self, prefill_tokens, prefill_context=0.0, decode_seqs=0.0,
-                    decode_context=0.0, prefill_seqs=1.0):
-        p = np.asarray(prefill_tokens, float)
+                    decode_context=0.0, prefill_seqs=1.0, prefill_ranks=None):
+        p = np.asarray(prefill_tokens, float)  # one rank: prefill_ranks changes nothing
         b = np.asarray(decode_seqs, float)
         t = (self.a + self.b * p + self.e * p * np.asarray(prefill_context, float)
              + self.c * b + self.d * b * np.asarray(decode_context, float))
@@ -200,11 +200,14 @@ class _Engine:
         self.c_d = float(np.sum(o1 * (mix.c + mix.o / 2.0)) / w) if w > 0 else float(mix.c.mean())
 
     def t(self, p, pctx, b, seqs=1.0):
-        """Step time of one rank with p prefill tokens and b decodes (D's replica convention:
-        replica totals spread over the dp ranks, so a rank's step is the dp-scaled call)."""
-        return np.asarray(self.sm.step_time_s(self.dp * np.asarray(p, float), pctx,
+        """Step time when one rank carries p prefill tokens and every rank b decodes: the
+        lock-stepped ranks wait for it, and the expert group sees its p tokens plus all decodes
+        (the step model's prefill_ranks=1)."""
+        if self.dp == 1:
+            return np.asarray(self.sm.step_time_s(p, pctx, b, self.c_d, seqs), float)
+        return np.asarray(self.sm.step_time_s(np.asarray(p, float), pctx,
                                               self.dp * np.asarray(b, float), self.c_d,
-                                              self.dp * np.asarray(seqs, float)), float)
+                                              np.asarray(seqs, float), prefill_ranks=1.0), float)
 
     def decode_step(self, b: float) -> float:
         return float(np.interp(max(b, 1.0), *self.table.decode))
@@ -438,8 +441,11 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
     busy = 1.0 - np.exp(-(b + x * float(k.mean()) * tbar))
     in_flight = busy * (td * td + 2.0 * td * (tbar - td) + ext2) / (2.0 * tbar)
     shots = None
+    # with prefill_schedule_interval N a prompt's k chunks run N steps apart: its own span is
+    # N (k - 1) + 1 steps (the wait for the first prefill slot, (N - 1) / 2 steps, is `extra`)
+    own_steps = interval * (np.maximum(k, 1.0) - 1.0) + 1.0
     if np.isinf(cap):
-        service = interval * k * td + ext
+        service = own_steps * td + ext
         rho_p = x * float(service.mean())
         if rho_p >= 1.0:
             return _State(x, b, td, tbar, k, ext, service, rho_p, 0.0, share,
@@ -464,7 +470,7 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # (Pollaczek-Khinchine transform at s = x). The next prompt's own time is unchanged to
         # first order (what it gains in the shared step it no longer needs later).
         room = np.where(eng.last_rem > 0, rate - eng.last_rem, 0.0)
-        tau = np.maximum(service - interval * td - eng.last_ext_rem, 0.0)
+        tau = np.maximum(service - td - eng.last_ext_rem, 0.0)
         if n_sessions:
             lt_wait = float(np.sum(pmf * np.exp(-x * grid_dt * np.arange(len(pmf)))))
         else:
@@ -478,11 +484,11 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
                           f"prefill tokens need {rho_tok:.2f}x the step budget left by "
                           "decodes: utilization >= 1")
         rho_p, wait, wait_scale = 0.0, 0.0, 1.0
-        base = interval * k * tbar + ext
+        base = own_steps * tbar + ext
         extra = (interval - 1) / 2.0 * tbar + in_flight
         pick = np.linspace(0, len(k) - 1, min(len(k), 1500)).astype(int)
-        kk = np.maximum(k[pick], 1.0)
-        shots = (eng.dp * x * tbar, ext[pick] / kk, kk, interval * k, interval * k * td + ext)
+        kk = np.maximum(k[pick], 1.0) * interval  # others' runs span k * interval steps
+        shots = (eng.dp * x * tbar, ext[pick] / kk, kk, own_steps, own_steps * td + ext)
     st = _State(x, b, td, tbar, k, ext, base, rho_p, wait, share, "", wait_scale,
                 mix.z if n_sessions else None, extra, shots)
     if np.isinf(cap):
@@ -813,7 +819,9 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
     mean_ext = st.tbar - st.td
     scale = mean_ext / max(lam * float(st.ext.mean()), 1e-30) if mean_ext > 0 else 0.0
     pick = np.linspace(0, len(st.k) - 1, min(len(st.k), 2000)).astype(int)
-    k = np.maximum(st.k[pick], 1.0)
+    # a prefill of k chunks runs on every interval-th step: its extension is spread over
+    # k * interval steps, not k (with prefill_schedule_interval 8 that is 8x thinner pulses)
+    k = np.maximum(st.k[pick], 1.0) * eng.pol.prefill_schedule_interval
     heights = scale * st.ext[pick] / k
     # decode-batch fluctuation: M/G/inf shot noise of decode runs, thinned by the finite
     # session population of a closed loop (binomial instead of Poisson occupancy)
@@ -828,7 +836,11 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
     # time, uniformly in time, so a step extended by h is (T + h) / T times as likely to hold a
     # window start; without one (FCFS on the budget) nothing completes while a prefill holds the
     # budget, so no window starts inside a run.
-    bias = 1.0 + heights / st.tbar if np.isfinite(eng.pol.chunk_cap) else np.zeros_like(heights)
+    # With lock-stepped DP ranks only a 1/dp share of the runs hold the budget of the window's
+    # own rank: the other ranks' prefills complete (and start windows) inside them.
+    bias = 1.0 + heights / st.tbar
+    if not np.isfinite(eng.pol.chunk_cap):
+        bias = bias * (1.0 - 1.0 / eng.dp)
     out = []
     for win, weight, vb in zip(reps, weights, var_b, strict=True):
         mean_y = lam * win * float((heights * k).mean())

@@ -306,22 +306,25 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
 
 
 def _rank_times(step_model, reqs: _Requests, plans, dp: int, ctx_offset: float) -> float:
-    """Step time of the lock-stepped ranks: the slowest rank's composition (D's convention:
-    replica totals spread over the dp ranks, so one rank's counts are scaled by dp)."""
-    dts = []
-    for dec, chunks in plans:
-        p_tok = float(sum(c for _, c in chunks))
-        if p_tok > 0:
-            ids = np.fromiter((i for i, _ in chunks), int, len(chunks))
-            cs = np.fromiter((c for _, c in chunks), float, len(chunks))
-            done = reqs.ctx[ids] - reqs.rem[ids]
-            p_ctx = float(np.sum(cs * (done + cs)) / p_tok)  # end-of-chunk context
-        else:
-            p_ctx = 0.0
-        d_ctx = float(np.mean(reqs.ctx[dec] + reqs.gen[dec])) + ctx_offset if dec else 0.0
-        dts.append(float(step_model.step_time_s(dp * p_tok, p_ctx, dp * float(len(dec)), d_ctx,
-                                                dp * float(max(len(chunks), 1)))))
-    return max(dts)
+    """Step time of the lock-stepped ranks. Attention, dense layers and sends run per rank, so
+    the busiest rank's prefill sets them (`prefill_ranks` = total / busiest); the expert group
+    sees every rank's tokens (the replica totals)."""
+    p_tok = np.array([float(sum(c for _, c in chunks)) for _, chunks in plans])
+    total = float(p_tok.sum())
+    n_dec = float(sum(len(dec) for dec, _ in plans))
+    decs = [i for dec, _ in plans for i in dec]
+    d_ctx = float(np.mean(reqs.ctx[decs] + reqs.gen[decs])) + ctx_offset if decs else 0.0
+    if total <= 0:
+        return float(step_model.step_time_s(0.0, 0.0, n_dec, d_ctx, 1.0))
+    busy = int(np.argmax(p_tok))
+    chunks = plans[busy][1]
+    ids = np.fromiter((i for i, _ in chunks), int, len(chunks))
+    cs = np.fromiter((c for _, c in chunks), float, len(chunks))
+    done = reqs.ctx[ids] - reqs.rem[ids]
+    p_ctx = float(np.sum(cs * (done + cs)) / cs.sum())  # the busiest rank's end-of-chunk context
+    ranks = total / p_tok[busy]
+    return float(step_model.step_time_s(total, p_ctx, n_dec, d_ctx, ranks * len(chunks),
+                                        prefill_ranks=ranks))
 
 
 class _SessionPool:

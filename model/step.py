@@ -185,17 +185,20 @@ class StepModel:
         return 1.0 + sum(a ** i for i in range(1, n + 1))
 
     # -- per-op times on one GPU --------------------------------------------------------------
-    def _layer_times(self, layer, count, tag, pre, pctx, dec, q, dctx, pseqs):
-        """(name, kind, count, seconds) of one layer group on one GPU: `pre` prefill tokens of
-        `pseqs` sequences at `pctx`, `dec` decoding sequences pushing `q` tokens each at `dctx`
-        (replica totals, spread over the dp / pcp ranks)."""
+    def _layer_times(self, layer, count, tag, pre, pctx, dec, q, dctx, pseqs, pranks=None):
+        """(name, kind, count, seconds) of one layer group on the busiest GPU: `pre` prefill
+        tokens of `pseqs` sequences at `pctx` spread over `pranks` of the dp ranks (default all),
+        `dec` decoding sequences pushing `q` tokens each at `dctx` spread over all dp ranks
+        (replica totals). The expert group sees every rank's tokens; lock-stepped ranks wait for
+        the busiest, so that rank's attention, dense GEMMs and sends set the step."""
         k = _kernels()
         p, hw, arch = self.plan, self.hw, self.arch
+        pranks = p.dp if pranks is None else pranks
         dec_tok = dec * q
-        pre_r = pre / (p.dp * p.pcp)
+        pre_r = pre / (pranks * p.pcp)
         dec_r = dec / p.dp
         tok_r = pre_r + dec_tok / p.dp
-        pseqs_r = np.maximum(pseqs / p.dp, np.where(pre_r > 0, 1.0, 0.0))
+        pseqs_r = np.maximum(pseqs / pranks, np.where(pre_r > 0, 1.0, 0.0))
         new_per_seq = np.where(pseqs_r > 0, pre_r / np.maximum(pseqs_r, 1e-9), 0.0)
         has_pre = pre_r > 0
         has_dec = dec_r > 0
@@ -224,24 +227,26 @@ class StepModel:
         width = arch.hidden_size * arch.hyper_connections
         norm_bytes = 2 * 2 * 2.0 * tok_r * width / (p.tp if p.sp else 1)
         out.append((f"{tag}:norms", "memory", count, k.memory_time_s(norm_bytes, hw)))
-        for c in layer_collectives(layer, count, p, hw, arch.hidden_size, pre, dec_tok):
+        for c in layer_collectives(layer, count, p, hw, arch.hidden_size, pre, dec_tok,
+                                   prefill_ranks=pranks):
             out.append((f"{tag}:{c.name}", "network", c.count,
                         collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope)))
         return out
 
-    def _op_times(self, pre, pctx, dec, dctx, pseqs):
-        """List of (name, kind, count, seconds-array) for one GPU over all layers."""
+    def _op_times(self, pre, pctx, dec, dctx, pseqs, pranks=None):
+        """List of (name, kind, count, seconds-array) for the busiest GPU over all layers."""
         k = _kernels()
         p, hw, arch = self.plan, self.hw, self.arch
+        pranks = p.dp if pranks is None else pranks
         q = 1.0 + self.spec_tokens  # tokens each decode sequence pushes through the model
         out = []
         for layer, count in self._groups:
             out += self._layer_times(layer, count, f"{layer.attention.kind}/{layer.mlp.kind}",
-                                     pre, pctx, dec, q, dctx, pseqs)
-        pre_r = pre / (p.dp * p.pcp)
+                                     pre, pctx, dec, q, dctx, pseqs, pranks)
+        pre_r = pre / (pranks * p.pcp)
         dec_r = dec / p.dp
         has_pre = pre_r > 0
-        pseqs_r = np.maximum(pseqs / p.dp, np.where(has_pre, 1.0, 0.0))
+        pseqs_r = np.maximum(pseqs / pranks, np.where(has_pre, 1.0, 0.0))
         logits_r = dec_r + pseqs_r * has_pre
         t = k.gemm_time_s(logits_r * q, arch.lm_head.out_features / p.tp,
                           arch.lm_head.in_features, arch.lm_head.dtype, hw)
@@ -250,7 +255,7 @@ class StepModel:
         out.append(("embedding", "memory", 1, emb))
         if self.spec_tokens:
             out += self._draft_times(dec, dctx)
-        for c in pipeline_collectives(p, hw, arch.hidden_size, pre, dec * q):
+        for c in pipeline_collectives(p, hw, arch.hidden_size, pre_r * p.pcp * p.dp, dec * q):
             out.append((c.name, "network", c.count,
                         collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope)))
         return out
@@ -297,13 +302,19 @@ class StepModel:
             prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs)))
         return arrs
 
+    def _pranks(self, prefill_ranks):
+        """DP ranks the prefill tokens are spread over: None = all; 1 = one rank carries them."""
+        if prefill_ranks is None:
+            return None
+        return np.clip(np.asarray(prefill_ranks, float), 1.0, float(self.plan.dp))
+
     def step_parts(self, prefill_tokens=0.0, prefill_context=0.0, decode_seqs=0.0,
-                   decode_context=0.0, prefill_seqs=1.0):
+                   decode_context=0.0, prefill_seqs=1.0, prefill_ranks=None):
         """(non-MoE kernel s, network s, routed-expert kernel s) of a step, before engine factors
         (what `model.estimate` components and the engine fit are made of)."""
         pre, pctx, dec, dctx, pseqs = self._args(prefill_tokens, prefill_context, decode_seqs,
                                                  decode_context, prefill_seqs)
-        times = self._op_times(pre, pctx, dec, dctx, pseqs)
+        times = self._op_times(pre, pctx, dec, dctx, pseqs, self._pranks(prefill_ranks))
         kernel = sum(np.asarray(t) * c for _, kind, c, t in times
                      if kind not in ("network", "moe"))
         moe = sum((np.asarray(t) * c for _, kind, c, t in times if kind == "moe"), 0.0 * pre)
@@ -314,10 +325,13 @@ class StepModel:
                 np.where(busy, moe, 0.0))
 
     def step_time_s(self, prefill_tokens=0.0, prefill_context=0.0, decode_seqs=0.0,
-                    decode_context=0.0, prefill_seqs=1.0):
+                    decode_context=0.0, prefill_seqs=1.0, prefill_ranks=None):
+        """Seconds of one engine step (see the module docstring); `prefill_ranks`: how many of
+        the dp ranks carry the prefill tokens (None: all, evenly; 1: a single rank, the others
+        decode and wait for it in lock-step)."""
         pre, pctx, dec, dctx, pseqs = self._args(prefill_tokens, prefill_context, decode_seqs,
                                                  decode_context, prefill_seqs)
-        times = self._op_times(pre, pctx, dec, dctx, pseqs)
+        times = self._op_times(pre, pctx, dec, dctx, pseqs, self._pranks(prefill_ranks))
         total, *_ = self._combine(times, pre, dec)
         return np.where((pre > 0) | (dec > 0), total, 0.0)
 
