@@ -38,6 +38,7 @@ from model.nbio import (
     execute_notebook,
     fast_notebook_imports,
     notebook_path,
+    publish,
     read_headline,
     write_atomic,
 )
@@ -427,7 +428,7 @@ def write_summary(summary: pd.DataFrame, out: Path) -> Path:
     os.close(fd)
     try:
         table.to_parquet(tmp, index=False)
-        os.replace(tmp, out / f"{SUMMARY}.parquet")
+        publish(tmp, out / f"{SUMMARY}.parquet")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -19,9 +19,11 @@ import pandas as pd
 THEME = "servecast"
 # Sans fonts in order of preference; DejaVu Sans is the one every Linux box (and CI) has.
 FONT = "Helvetica Neue, Helvetica, Arial, DejaVu Sans, sans-serif"
-# Okabe-Ito: distinguishable with the common colour-vision deficiencies, prints well in grey.
+# Okabe-Ito first (distinguishable with the common colour-vision deficiencies, prints well in
+# grey), then four muted extras so charts with up to 12 series (KV breakdown by layer kind)
+# never reuse a colour.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442",
-           "#000000"]
+           "#000000", "#999999", "#882255", "#44AA99", "#AA4499"]
 INK = "#222222"
 GRID = "#E6E6E6"
 WIDTH, HEIGHT = 480, 300

@@ -33,8 +33,17 @@ def write_atomic(path: Path, text: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
-    os.replace(tmp, path)
+    publish(tmp, path)
     return path
+
+
+def publish(tmp: str | Path, path: Path) -> None:
+    """Give a finished temporary file the usual permissions (mkstemp's 0600 would hide results
+    from other users) and rename it into place."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, path)
 
 
 def write_headline(output_dir: str | Path, headline: dict[str, Any]) -> Path:

@@ -402,7 +402,8 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
     senders = np.array([pm.plan.attention_gpus for pm in prefill_models], float)
     for gp in np.unique(p_size):
         for gd in np.unique(d_size):
-            xs, ys = xpyd_grid(int(gp), int(gd), gpus)
+            # the whole budget: a deployment that leaves GPUs idle serves less per budget GPU
+            xs, ys = xpyd_grid(int(gp), int(gd), gpus, exact=True)
             if len(xs) == 0:
                 continue
             pi, di = np.flatnonzero(p_size == gp), np.flatnonzero(d_size == gd)

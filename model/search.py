@@ -113,6 +113,16 @@ class StepTable:
         t = np.broadcast_to(t, p.shape).copy()
         t[0, 0] = t[0, 1]  # an empty step never runs; keep the table monotone
         self.tables = t[None]
+        # the same grid with all prefill tokens on one DP rank (the others decode and wait)
+        dp = int(getattr(getattr(step_model, "plan", None), "dp", 1) or 1)
+        if dp > 1:
+            one = np.asarray(step_model.step_time_s(p, context, b, context, seqs,
+                                                    prefill_ranks=1.0), float)
+            one = np.broadcast_to(one, p.shape).copy()
+            one[0, 0] = one[0, 1]
+        else:
+            one = t
+        self.tables_one = one[None]
         self._lp, self._lb = np.log1p(self.p_grid), np.log1p(self.b_grid)
 
     @classmethod
@@ -126,10 +136,28 @@ class StepTable:
         out.step_model = None
         out.p_grid, out.b_grid, out._lp, out._lb = first.p_grid, first.b_grid, first._lp, first._lb
         out.tables = np.concatenate([t.tables for t in tables])
+        out.tables_one = np.concatenate([t.tables_one for t in tables])
         return out
 
     def __call__(self, prefill_tokens, decode_seqs, which=0) -> np.ndarray:
-        """Step time; `which` selects the plan of a stacked table (broadcast with the others)."""
+        """Step time, prefill tokens spread evenly over the DP ranks; `which` selects the plan
+        of a stacked table (broadcast with the others)."""
+        return self._lookup(self.tables, prefill_tokens, decode_seqs, which)
+
+    def busiest(self, rank_tokens, total_tokens, decode_seqs, dp, which=0) -> np.ndarray:
+        """Step time when the busiest DP rank carries `rank_tokens` prefill tokens and all ranks
+        `total_tokens`: the lock-stepped ranks wait for the busiest one's attention and dense
+        layers while the experts see the total. Linear in the total between the one-rank case
+        (total = rank_tokens) and the even one (total = dp * rank_tokens)."""
+        x = np.asarray(rank_tokens, float)
+        dp = np.asarray(dp, float)
+        one = self._lookup(self.tables_one, x, decode_seqs, which)
+        even = self._lookup(self.tables, x * dp, decode_seqs, which)
+        span = np.maximum(x * (dp - 1.0), 1e-9)
+        w = np.clip((np.asarray(total_tokens, float) - x) / span, 0.0, 1.0)
+        return one + w * (even - one)
+
+    def _lookup(self, tables, prefill_tokens, decode_seqs, which) -> np.ndarray:
         lp = np.log1p(np.clip(prefill_tokens, 0, self.p_grid[-1]))
         lb = np.log1p(np.clip(decode_seqs, 0, self.b_grid[-1]))
         i = np.clip(np.searchsorted(self._lp, lp) - 1, 0, len(self._lp) - 2)
@@ -137,7 +165,7 @@ class StepTable:
         fp = (lp - self._lp[i]) / (self._lp[i + 1] - self._lp[i])
         fb = (lb - self._lb[j]) / (self._lb[j + 1] - self._lb[j])
         nb = len(self.b_grid)
-        flat = self.tables.reshape(-1)
+        flat = tables.reshape(-1)
         base = (np.asarray(which) * len(self.p_grid) + i) * nb + j
         t00, t01 = flat.take(base), flat.take(base + 1)
         t10, t11 = flat.take(base + nb), flat.take(base + nb + 1)
@@ -217,10 +245,13 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
         r_kv = b_kv / (o_step * t)
         r = np.minimum(np.minimum(r_lanes, r_budget), r_kv)
         b_mb = r * o_step * t / pp  # decodes per microbatch (per step when pp == 1)
-        # a step carrying one of this request's chunks (DP lockstep: every rank as loaded)
-        t_chunk = np.maximum(table(k_eff * dp, b_mb, which), t)
+        # prefill tokens per step over all ranks (mean), and a step carrying one of this
+        # request's chunks: its rank is the busiest, the other ranks bring their mean share
+        p_step = r * u * t / pp
+        t_chunk = np.maximum(table.busiest(k_eff, k_eff + p_step * (1 - 1 / dp), b_mb, dp,
+                                           which), t)
         if it < iterations - mixture_iterations:  # mean field first: cheap, gets close
-            t = 0.5 * t + 0.5 * table(r * u * t / pp, b_mb, which)
+            t = 0.5 * t + 0.5 * table(p_step, b_mb, which)
             t_quiet = table(0.0, b_mb, which)
             continue
         t_quiet = table(0.0, b_mb, which)
@@ -228,7 +259,10 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
         pmf = _max_of_ranks(_poisson_pmf(lam), dp)
         x = np.minimum(n * k_eff[..., None], np.maximum(budget - b_mb[..., None] / dp[..., None],
                                                         0.0))
-        t_steps = table(x * dp[..., None], b_mb[..., None], which[..., None])
+        # the busiest rank holds x; the others their mean (the total the experts see)
+        total = x + (lam * k_eff * (dp - 1.0))[..., None]
+        t_steps = table.busiest(x, np.maximum(total, x), b_mb[..., None], dp[..., None],
+                                which[..., None])
         mean_adm = (pmf * t_steps).sum(-1)
         second = (pmf * t_steps**2).sum(-1)
         t_new = mean_adm / interval + t_quiet * (1 - 1 / interval)
@@ -238,7 +272,9 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
     limit = np.where(r >= r_lanes * (1 - 1e-6), "lanes",
                      np.where(r_kv <= r_budget, "kv_capacity", "prefill_budget"))
     queue = np.maximum(c_r / r - (ttft0 + o_step * t + z), 0.0)
-    t_chunk_p90 = np.maximum(table(np.minimum(cap, u_p90) * dp, b_mb, which), t)
+    c90 = np.minimum(cap, u_p90)
+    t_chunk_p90 = np.maximum(table.busiest(c90, c90 + p_step * (1 - 1 / dp), b_mb, dp, which),
+                             t)
     ttft_p90 = _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval) + reload + queue
     b_total = r * o_step * t
     feasible = (b_total / dp <= max_num_seqs * (1 + 1e-9)) & (b_kv >= 1.0)

@@ -183,6 +183,12 @@ class BreakEven:
         return self.crossovers_tokens[-1] if self.crossovers_tokens else float(self.contexts_tokens[0])
 
     @property
+    def reload_wins_everywhere(self) -> bool:
+        """Reloading beats recomputing at every context of the grid, down to one KV block: there
+        is no crossover to report, `reload_wins_above_tokens` is then the grid's first point."""
+        return self.load_wins_at_max and not self.crossovers_tokens
+
+    @property
     def speedup(self) -> np.ndarray:
         """recompute / load time at each context (>1: loading wins)."""
         return self.recompute_s / np.maximum(self.load_s, 1e-12)
@@ -190,6 +196,7 @@ class BreakEven:
     def summary(self) -> dict:
         return {"hardware": self.hardware, "tier": self.tier,
                 "reload_wins_above_tokens": self.reload_wins_above_tokens,
+                "reload_wins_everywhere": self.reload_wins_everywhere,
                 "crossovers_tokens": list(self.crossovers_tokens),
                 "load_wins_at_max": self.load_wins_at_max,
                 "speedup_at": {int(c): float(s) for c, s in zip(self.contexts_tokens, self.speedup,
@@ -198,12 +205,13 @@ class BreakEven:
 
 def break_even(arch, hw, plan: ParallelPlan, tier: str = "host", kv_dtype: str | None = None,
                contexts_tokens=None, step_model=None, mode: str = "batched") -> BreakEven:
-    """Reload-vs-recompute on a log grid of contexts (64 .. 1M tokens); the crossover is
-    interpolated in log space at the first context where the faster option changes. Below it the
-    per-transfer latency makes recomputing cheaper; None means one option wins on the whole grid
-    (`load_wins_at_max` says which)."""
+    """Reload-vs-recompute on a log grid of contexts (16 .. 1M tokens: from one KV block, the
+    prefix cache's unit, up); the crossover is interpolated in log space at the first context
+    where the faster option changes. Below it the per-transfer latency makes recomputing
+    cheaper; no crossover means one option wins on the whole grid (`load_wins_at_max` says
+    which)."""
     ctx = np.asarray(contexts_tokens if contexts_tokens is not None else
-                     2.0 ** np.arange(6, 21), dtype=float)
+                     2.0 ** np.arange(4, 21), dtype=float)
     load = np.atleast_1d(kv_load_time_s(arch, hw, plan, ctx, tier, kv_dtype))
     rec = np.atleast_1d(recompute_time_s(arch, hw, plan, ctx, kv_dtype, step_model=step_model,
                                          mode=mode))

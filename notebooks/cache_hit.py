@@ -17,7 +17,7 @@ tp: int = 8  # tensor parallel degree of one replica
 replicas: int = 8  # replicas for the routing study
 routing_capacity_tokens: float = 5e5  # per-replica HBM cache in the routing study
 breakeven_chips: list = ["h200-sxm", "b200", "gb300-nvl72"]  # chips for reload vs recompute
-breakeven_archs: list = ["deepseek-r1", "qwen3-30b-a3b"]  # MLA (small KV) vs GQA small-active
+breakeven_archs: list = ["deepseek-r1", "qwen3-30b-a3b", "llama-3.1-70b"]  # MLA, small-active MoE, dense GQA
 seed: int = 0  # random routing seed
 output_dir: str = "."  # where figures and headline.json go
 
@@ -214,8 +214,12 @@ routing_margin
 # ## Reload vs recompute
 #
 # Reloading c tokens of KV from a tier costs `latency + c x bytes/token / link`; recomputing them
-# is a chunked prefill (engineer D's step model), here its marginal cost on a busy engine. The
-# break-even is the context from which reloading wins for good.
+# is a chunked prefill (the step model), here its marginal cost on a busy engine. The
+# break-even is the context from which reloading wins for good. The grid starts at one KV block
+# (16 tokens): where reloading already wins there (`reload_wins_everywhere`), the per-transfer
+# latency never pays for itself and there is no crossover to report, which is the common case
+# for MoE models (a few recomputed tokens already touch many experts' weights). Real crossovers
+# show where the link is slow relative to the prefill rate (NVMe, large-KV dense models).
 
 # %%
 be_rows = []
@@ -229,6 +233,8 @@ for name in breakeven_archs:
             i = int(np.argmin(np.abs(b.contexts_tokens - 131072)))
             be_rows.append({"arch": name, "hardware": chip, "tier": tier,
                             "reload_wins_above_tokens": b.reload_wins_above_tokens,
+                            "reload_wins_everywhere": b.reload_wins_everywhere,
+                            "crossovers_tokens": list(b.crossovers_tokens),
                             "speedup_at_128k": float(b.speedup[i])})
 breakeven = pd.DataFrame(be_rows)
 breakeven

@@ -9,7 +9,7 @@
 # %% tags=["parameters"]
 arch: str = "deepseek-v4-pro"  # architecture slug, HF id or config.json path
 hardware: str = "gb300-nvl72"  # chip for decode workers (and prefill unless prefill_hardware)
-prefill_hardware: str = ""  # a different chip for prefill workers ("" = same)
+prefill_hardware: str = ""  # a different chip for prefill workers (empty: same)
 gpus: int = 12  # GPU budget for prefill + decode workers
 workload: str = "agentx"  # workload profile name or YAML path
 slo_p90_interactivity: float = 50.0  # minimum P90 tokens/s per user on decode workers

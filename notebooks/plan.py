@@ -13,9 +13,9 @@ gpus: int = 12  # GPU budget for the whole deployment
 workload: str = "agentx"  # workload profile name or YAML path
 slo_p90_interactivity: float = 50.0  # minimum P90 tokens/s per user
 long_prefill_token_threshold: int = -1  # vLLM per-request prefill cap; -1 = search, 0 = off
-mode: str = ""  # "aggregated", "disaggregated", or "" for both
-prefill_hardware: str = ""  # a different chip for disaggregated prefill workers ("" = same)
-precision: str = ""  # serve weights in this format (e.g. mxfp8); "" = the checkpoint's
+mode: str = ""  # aggregated, disaggregated, or empty for both
+prefill_hardware: str = ""  # a different chip for disaggregated prefill workers (empty: same)
+precision: str = ""  # serve weights in this format, e.g. mxfp8 (empty: the checkpoint)
 api_model: str = "claude-opus-5"  # API whose prices give the API-equivalent cost
 output_dir: str = "."  # where figures and headline.json go
 

@@ -55,6 +55,8 @@ def test_kv_state_for_linear_layers():
     (("kv", "deepseek-v3", "--context", "10", "--kv-dtype", "fp7"), "unknown dtype 'fp7'"),
     (("arch", "show", "deepseek-v9"), "unknown architecture 'deepseek-v9'"),
     (("kv", "deepseek-v3", "--context", "10", "--block-size", "0"), "--block-size must be"),
+    # DeepSeek-V3 config.json: max_position_embeddings 163840
+    (("kv", "deepseek-v3", "--context", "1000000"), "exceeds deepseek-v3's maximum context"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message):
     proc = servecast(*args)

@@ -6,6 +6,7 @@ The notebook is `tests/data/notebooks/tiny.py`: headline `product = x * y`, and 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -46,6 +47,11 @@ def test_twelve_scenarios_one_impossible_then_resume(tmp_path):
     parquet = pd.read_parquet(out / "summary.parquet")
     assert parquet["scenario"].tolist() == summary["scenario"].tolist()
     assert not list(out.glob(".summary*"))  # no temporary files left behind
+    # summaries get the umask's usual permissions, not mkstemp's owner-only 0600
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("summary.csv", "summary.parquet"):
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~mask
 
     # Rerun: the 11 finished scenarios are skipped (not re-executed), the failed one reruns.
     stamp = (out / "scenarios" / "x=1__y=1" / "headline.json").stat().st_mtime_ns

@@ -28,10 +28,14 @@ def test_cache_routing_and_errors(cli):
     assert bad.stderr.strip().startswith("servecast: error:") and "no hash_ids" in bad.stderr
     assert "Traceback" not in bad.stderr
     assert cli("cache", "data/traces/cc_traces_weka_042026_sample", "--policy", "fifo").code == 2
+    for flag, value in (("--replicas", "0"), ("--replicas", "-2"), ("--interval-tokens", "-64")):
+        bad = cli("cache", "data/traces/cc_traces_weka_042026_sample", flag, value)
+        assert bad.code == 2 and flag in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_reload_command(cli):
     out = cli("reload", "--arch", "deepseek-r1", "--hardware", "h200", "--tp", "8", "--json")
     assert out.code == 0, out.stderr
     d = out.json
-    assert d["tier"] == "host" and d["reload_wins_above_tokens"] == 64.0
+    assert d["tier"] == "host" and d["reload_wins_above_tokens"] == 16.0
+    assert d["reload_wins_everywhere"] and d["crossovers_tokens"] == []

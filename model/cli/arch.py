@@ -63,6 +63,10 @@ def kv_report(name: str, context: int, kv_dtype: str | None = None,
     if block_size is not None and block_size <= 0:
         raise ServecastError(f"--block-size must be a positive number of tokens; got {block_size}")
     arch = load_architecture(name)
+    if arch.max_context and context > arch.max_context:
+        raise ServecastError(f"--context {context:,} exceeds {arch.name}'s maximum context "
+                             f"({arch.max_context:,} tokens, max_position_embeddings); allowed: "
+                             f"0..{arch.max_context}")
     fmt = dtype(kv_dtype).name if kv_dtype else arch.default_kv_dtype
     foot = sequence_kv(arch, context, fmt, block_size, state_dtype=dtype(state_dtype).name)
     return {

@@ -31,6 +31,11 @@ def cache_summary(traces: list[str], capacity_tokens: float | None = None, polic
     from model.cache import replay, stream_for
     from model.routing import route_replay
 
+    if replicas < 1:
+        raise ServecastError(f"--replicas must be >= 1, got {replicas}")
+    if interval_tokens < 0:
+        raise ServecastError(f"--interval-tokens must be >= 0 (0: prompt ends only), got "
+                             f"{interval_tokens}")
     stream = stream_for(traces)
     cap = _capacity(capacity_tokens, "capacity-tokens")
     base = {"traces": traces, "sessions": len(stream.session_ids), "requests": stream.requests,
