@@ -10,6 +10,23 @@ Reads two formats:
 
 Every row it can model is predicted with `model.estimate`; the others are listed with the reason.
 Errors are absolute percentage errors |pred - meas| / meas (fractions).
+
+What a record does not say, read by documented rules (each with its evidence):
+- the benchmark protocol (`protocol_for_source`): rows of the aiconfigurator gap-analysis
+  harness (source path `aic-auto-gap-analysis`) ran fixed-length requests for an unrecorded
+  number of rounds; every other source of the calibration CSV (the InferenceMAX result dumps:
+  `db-dump`, `source_file=2026-...csv`; ISL/OSL 1024/1024, 1024/8192, 8192/1024) ran
+  InferenceMAX's client, `--num-prompts 10*C --random-range-ratio 0.8`: 10 rounds of requests
+  whose lengths are drawn uniformly from [int(0.8 L), L], mean 0.9 L, the lengths the model runs
+  (SemiAnalysisAI/InferenceX, benchmarks/benchmark_lib.sh and its sampler). Evidence for the
+  aiconfigurator reading: there SGLang's TTFT grows with the whole wave (C ISL / budget prefill
+  steps) and its TPOT carries the wave's prefill, which takes fixed-length requests that come
+  back together;
+- disaggregated worker counts left blank (NaN): None, inferred by
+  `model.estimate.infer_decode_workers` / `infer_prefill_workers` (the fewest decode workers
+  whose KV pools hold the C running sequences, the fewest prefill workers that keep up); those
+  rows are reported as the deployment group "disagg inferred";
+- square MoE groups: see `_normalize`.
 """
 
 from __future__ import annotations
@@ -24,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from model.closed_loop import Protocol
 from model.errors import ServecastError
 from model.estimate import Disagg, estimate
 from model.parallel import ParallelPlan, is_moe
@@ -52,6 +70,30 @@ class Case:
     disagg: Disagg | None
     ttft_ms: float
     tpot_ms: float
+    protocol: Protocol = Protocol()
+
+
+# Benchmark protocol by provenance (see the module docstring): first match in the source wins
+HARNESS_PROTOCOLS = (("aic-auto-gap-analysis", Protocol(rounds=None, range_ratio=1.0)),)
+INFERENCEMAX = Protocol(rounds=10.0, range_ratio=0.8)  # --num-prompts 10*C, range ratio 0.8
+
+
+def protocol_for_source(source) -> Protocol:
+    """The benchmark protocol of a calibration-CSV row, from its `silicon_data_source`."""
+    text = str(source or "")
+    for pattern, protocol in HARNESS_PROTOCOLS:
+        if pattern in text:
+            return protocol
+    return INFERENCEMAX
+
+
+def _workers(v) -> int | None:
+    """A disaggregated worker count; blank / NaN (not recorded) is None (inferred later)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) or f < 1 else int(round(f))
 
 
 def _int(v, default=1) -> int:
@@ -93,14 +135,16 @@ def cases_from_csv(path: Path) -> list[Case]:
         plan = None
         if row["mode"] == "disagg":
             disagg = Disagg(_plan(row, "prefill_"), _plan(row, "decode_"),
-                            _int(row.get("prefill_num_workers")), _int(row.get("decode_num_workers")))
+                            _workers(row.get("prefill_num_workers")),
+                            _workers(row.get("decode_num_workers")))
         else:
             plan = _plan(row)
         out.append(Case(str(row.get("id", i)), str(row["model_path"]), str(row["system"]),
                         str(row["backend"]), str(row["mode"]), _int(row["isl"]), _int(row["osl"]),
                         _concurrency(row), QUANT.get(str(row.get("gemm_quant_mode"))),
                         QUANT.get(str(row.get("moe_quant_mode"))), plan, disagg,
-                        float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])))
+                        float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"]),
+                        protocol_for_source(row.get("silicon_data_source"))))
     return out
 
 
@@ -121,6 +165,11 @@ def cases_from_vllm_json(path: Path, overrides: dict | None = None) -> list[Case
                                      f"--save-result` JSON")
         done = max(int(d["completed"]), 1)
         conc = meta.get("max_concurrency") or meta.get("concurrency")
+        ratio = meta.get("random_range_ratio")
+        ratio = float(ratio) if ratio is not None and 0.0 < float(ratio) < 1.0 else 1.0
+        protocol = Protocol(rounds=done / int(conc) if conc else None, range_ratio=ratio)
+        # the file's averages are the sampler's means; the case keeps nominal lengths
+        nominal = 2.0 / (1.0 + ratio)
         plan = ParallelPlan(tp=_int(meta.get("tp")), pp=_int(meta.get("pp")),
                             dp=_int(meta.get("dp")), ep=_int(meta.get("ep")),
                             moe_tp=_int(meta.get("moe_tp")), pcp=_int(meta.get("pcp")),
@@ -128,11 +177,12 @@ def cases_from_vllm_json(path: Path, overrides: dict | None = None) -> list[Case
         out.append(Case(str(meta.get("id", f"{path.stem}[{i}]")),
                         str(meta.get("model_id") or meta.get("model") or ""),
                         str(meta.get("hardware") or ""), str(meta.get("backend_name", "vllm")),
-                        "agg", int(round(d["total_input_tokens"] / done)),
-                        int(round(d["total_output_tokens"] / done)),
+                        "agg", int(round(d["total_input_tokens"] / done * nominal)),
+                        int(round(d["total_output_tokens"] / done * nominal)),
                         int(conc) if conc else 0, QUANT.get(str(meta.get("precision"))),
                         QUANT.get(str(meta.get("moe_precision") or meta.get("precision"))),
-                        plan, None, float(d["mean_ttft_ms"]), float(d["mean_tpot_ms"])))
+                        plan, None, float(d["mean_ttft_ms"]), float(d["mean_tpot_ms"]),
+                        protocol))
     return out
 
 
@@ -173,13 +223,31 @@ def _precision(arch, quant: str | None) -> str | None:
     return quant
 
 
+SQUARE_MOE_GROUP_IS_N_GPUS = True  # see _normalize
+
+
 def _normalize(arch, plan: ParallelPlan | None) -> ParallelPlan | None:
     """Make a recorded plan self-consistent: dense models drop MoE degrees; a MoE group larger
-    than tp*dp means the attention ran data parallel over the rest (moe_tp*ep GPUs in all)."""
+    than tp*dp means the attention ran data parallel over the rest (moe_tp*ep GPUs in all).
+
+    Square MoE groups (documented reading of the records, `SQUARE_MOE_GROUP_IS_N_GPUS`): a
+    record with moe_tp = moe_ep = N >= 4 and tp*dp = N*N (tp or attention_dp 16 / 64 with MoE
+    4x4 / 8x8: 2 to 8 nodes for one 8-GPU-class model) describes an N-GPU deployment run with
+    `--tp N --ep N` (the record multiplies the two MoE degrees into the attention degree); it
+    is read as attention TP (or DP) N with experts EP N. Evidence (the 190 such aggregated
+    rows, DeepSeek-R1/V3 and gpt-oss on B200/H200, engine.yaml of 2026-12-01): read as N*N
+    GPUs the predicted TPOT misses by a median 20-100% (0.42 on SGLang B200) while their
+    N-GPU neighbours fit; read as N GPUs the median miss is 4-25%. N = 2 (tp 4, MoE 2x2) stays
+    literal: 4 GPUs is plausible there and some of those runs cannot fit on 2."""
     if plan is None:
         return None
     if not is_moe(arch):
         return replace(plan, ep=1, moe_tp=plan.attention_gpus)
+    n = plan.ep
+    if (SQUARE_MOE_GROUP_IS_N_GPUS and n >= 4 and plan.moe_tp == n
+            and plan.tp * plan.dp == n * n and plan.pcp == 1):
+        return replace(plan, tp=n if plan.tp > 1 else 1, dp=n if plan.tp == 1 else 1,
+                       moe_tp=1, ep=n)
     moe = plan.moe_tp * plan.ep
     if moe > plan.attention_gpus and moe % (plan.tp * plan.pcp) == 0:
         return replace(plan, dp=moe // (plan.tp * plan.pcp))
@@ -223,8 +291,9 @@ def case_components(case: Case) -> dict:
         disagg = replace(disagg, prefill_plan=_normalize(arch, disagg.prefill_plan),
                          decode_plan=_normalize(arch, disagg.decode_plan))
     try:
-        out = estimate(arch, hw, plan or ParallelPlan(), case.isl, case.osl, case.concurrency,
-                       disagg=disagg, **kw)
+        isl, osl = case.protocol.mean_length(case.isl), case.protocol.mean_length(case.osl)
+        out = estimate(arch, hw, plan or ParallelPlan(), isl, osl, case.concurrency,
+                       disagg=disagg, protocol=case.protocol, **kw)
     except ServecastError as err:
         return {"skip": str(err)}
     if not out["feasible"]:
@@ -232,20 +301,23 @@ def case_components(case: Case) -> dict:
     return out["components"]
 
 
+def _factors(case: Case, factors: dict | None) -> dict:
+    """Closed-loop factors for a case: `factors` maps backend -> a mapping of factor names
+    (model.closed_loop.LoopFactors; missing names from engine.yaml); default: engine.yaml."""
+    from model.engine_fit import load_loop_factors
+
+    return {**load_loop_factors(case.backend), **((factors or {}).get(case.backend) or {})}
+
+
 def predict_case(case: Case, factors: dict | None = None) -> dict:
     """Prediction for one case ({'ttft_ms', 'tpot_ms'}), or {'skip': reason}. `factors` maps
-    backend -> EngineFactors (default: the fitted ones in data/calibration/engine.yaml)."""
-    from model.estimate import closed_loop
-    from model.step import engine_factors
+    backend -> factor overrides (default: the fitted ones in data/calibration/engine.yaml)."""
+    from model.closed_loop import closed_loop
 
     comp = case_components(case)
     if "skip" in comp:
         return comp
-    f = (factors or {}).get(case.backend) or engine_factors(case.backend)
-    ttft, tpot, _ = closed_loop(comp, f.step_overhead_s, f.prefill_scale, f.decode_scale,
-                                f.arrival_sync, f.request_overhead_s, f.moe_scale,
-                                f.disagg_decode_scale, f.disagg_arrival_sync,
-                                f.disagg_request_overhead_s)
+    ttft, tpot, _ = closed_loop(comp, _factors(case, factors))
     return {"ttft_ms": float(ttft) * 1e3, "tpot_ms": float(tpot) * 1e3}
 
 
@@ -267,15 +339,33 @@ def score(table: pd.DataFrame) -> dict:
             "ttft_median_ape": stat(np.median, te), "tpot_median_ape": stat(np.median, pe)}
 
 
+def deployment_kind(c: Case) -> str:
+    """'aggregated', 'disagg recorded' (worker counts in the record) or 'disagg inferred' (worker
+    counts inferred by model.estimate): the three groups the errors are reported by."""
+    if c.disagg is None:
+        return "aggregated"
+    known = c.disagg.prefill_workers is not None and c.disagg.decode_workers is not None
+    return "disagg recorded" if known else "disagg inferred"
+
+
+def case_plan_label(c: Case) -> str:
+    """The deployment as recorded: plan, or P<workers>x<plan>/D<workers>x<plan> (`?`: a worker
+    count the record leaves out)."""
+    if c.plan is not None:
+        return c.plan.label()
+    d = c.disagg
+    w = lambda n: "?" if n is None else str(n)  # noqa: E731
+    return (f"P{w(d.prefill_workers)}x{d.prefill_plan.label()}/"
+            f"D{w(d.decode_workers)}x{d.decode_plan.label()}")
+
+
 def check_table(cases: list[Case], factors=None) -> pd.DataFrame:
     rows = []
     for c in cases:
         r = predict_case(c, factors)
         rows.append({"id": c.id, "model": c.model, "system": c.system, "backend": c.backend,
                      "mode": c.mode, "isl": c.isl, "osl": c.osl, "concurrency": c.concurrency,
-                     "plan": c.plan.label() if c.plan else
-                     f"P{c.disagg.prefill_workers}x{c.disagg.prefill_plan.label()}/"
-                     f"D{c.disagg.decode_workers}x{c.disagg.decode_plan.label()}",
+                     "plan": case_plan_label(c), "deployment": deployment_kind(c),
                      "ttft_ms": c.ttft_ms, "tpot_ms": c.tpot_ms,
                      "predicted": "skip" not in r,
                      "pred_ttft_ms": r.get("ttft_ms"), "pred_tpot_ms": r.get("tpot_ms"),
@@ -290,7 +380,8 @@ def check_table(cases: list[Case], factors=None) -> pd.DataFrame:
 def check(path: str | Path, out_csv: str | Path | None = None, overrides: dict | None = None,
           factors=None) -> dict:
     """The `servecast check` contract: rows, predicted, skipped, MAPE and median APE of TTFT and
-    TPOT overall and by system, backend and model."""
+    TPOT overall and by system, backend, model, mode and deployment (aggregated, disaggregated
+    with recorded or with inferred worker counts)."""
     table = check_table(load_cases(path, overrides), factors)
     result = summarize(table)
     if out_csv:
@@ -308,41 +399,22 @@ def summarize(table: pd.DataFrame) -> dict:
     for g in GROUPS:
         result[f"by_{g}"] = {str(k): score(sub) for k, sub in table.groupby(g)}
     result["by_mode"] = {str(k): score(sub) for k, sub in table.groupby("mode")}
+    result["by_deployment"] = {str(k): score(sub) for k, sub in table.groupby("deployment")}
     return result
 
 
 def explain_case(case: Case) -> dict:
     """Which terms make up the predicted TPOT and TTFT of a run (seconds), and the largest one:
     engineers read the gap against the term that dominates."""
-    from model.step import engine_factors
+    from model.closed_loop import explain_terms
 
     comp = case_components(case)
     if "skip" in comp:
         return {}
-    f = engine_factors(case.backend)
-    s = f.disagg_arrival_sync if comp["disagg"] else f.arrival_sync
-    osl1 = max(comp["osl"] - 1.0, 1.0)
-    ms = f.moe_scale
-    t_wave = (comp["k_wave"] + ms * comp["m_wave"]) * f.prefill_scale + comp["n_wave"] \
-        + f.step_overhead_s
-    t_one = (comp["k_one"] + ms * comp["m_one"]) * f.prefill_scale + comp["n_one"] \
-        + f.step_overhead_s
-    agg = 1.0 - comp["disagg"]
-    interference = agg * (s * 0.5 * max(comp["wave_steps"] - 1.0, 0.0) * t_wave
-                          + (1 - s) * comp["per_rank"] * comp["chunks"]
-                          * (t_one - f.step_overhead_s)) / osl1
-    tpot_terms = {"decode_kernels": comp["k_dec"] * f.decode_scale,
-                  "decode_experts": ms * comp["m_dec"] * f.decode_scale, "network": comp["n_dec"],
-                  "step_overhead": f.step_overhead_s, "prefill_interference": interference}
-    pred = predict_case(case)
-    prefill = (s * comp["wave_steps_mean"] * t_wave
-               + (1 - s) * comp["chunks"] * t_one)
-    ttft_terms = {"prefill": prefill, "kv_transfer": comp["t_kv"],
-                  "request_overhead": f.disagg_request_overhead_s if comp["disagg"]
-                  else f.request_overhead_s}
-    ttft_terms["queueing"] = max(pred["ttft_ms"] / 1e3 - sum(ttft_terms.values()), 0.0)
+    terms = explain_terms(comp, _factors(case, None))
+    tpot_terms, ttft_terms = terms["tpot"], terms["ttft"]
     return {"tpot_term": max(tpot_terms, key=tpot_terms.get),
-            "ttft_term": max(ttft_terms, key=ttft_terms.get),
+            "ttft_term": max(ttft_terms, key=ttft_terms.get), "arrival_sync": terms["sync"],
             **{f"tpot_{k}_ms": v * 1e3 for k, v in tpot_terms.items()},
             **{f"ttft_{k}_ms": v * 1e3 for k, v in ttft_terms.items()}}
 

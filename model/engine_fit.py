@@ -2,28 +2,37 @@
 (`data/calibration/e2e_measured.csv`, copied from ../shared/data/calibration/), stored with
 provenance in `data/calibration/engine.yaml`, and scored on held-out folds.
 
-Nine named factors per backend (vllm, sglang, trtllm):
+Ten named factors per backend (vllm, sglang, trtllm) and two shared by all:
 - `step_overhead_s`: fixed time per engine step (scheduler, sampling, launches, host syncs);
 - `prefill_scale`, `decode_scale`: multiply the kernel time of prefill / decode steps (what the
   per-kernel calibration misses end to end: fusion, graph capture, stragglers);
-- `arrival_sync`: how synchronized the benchmark clients' requests are (1 = every client sends
-  together, as fixed-length runs drift into; 0 = spread out), see `model.estimate.closed_loop`;
+- `moe_scale`: multiplies the routed-expert kernel time of decode steps (routing, token
+  permutation and expert load imbalance that the per-kernel MoE tables do not see);
+- `moe_prefill_scale`: the same for prefill steps, whose grouped GEMMs run thousands of tokens
+  through every expert (their own efficiency and imbalance);
 - `request_overhead_s`: fixed time each request spends before its first token outside the
-  engine steps (API server, tokenization, admission, first-token streaming);
-- `moe_scale`: multiplies the routed-expert kernel time (routing, token permutation and expert
-  load imbalance that the per-kernel MoE tables do not see);
-- `disagg_decode_scale`: multiplies the decode step of disaggregated decode workers (the
-  disaggregated records run faster than the aggregated ones imply; speculative decoding and
-  decode-worker counts the records do not carry end up here);
-- `disagg_arrival_sync`, `disagg_request_overhead_s`: the arrival synchronization and fixed
-  per-request time of disaggregated deployments, whose requests take another path (router,
-  prefill worker, KV transfer, decode worker).
+  engine steps (API server, tokenization, admission);
+- `first_token_steps`: decode steps the first token waits before it is streamed to the client
+  (batched streaming, `stream_interval`; see `model.closed_loop`);
+- `disagg_prefill_scale`: replaces `prefill_scale` on the prefill workers of disaggregated
+  deployments (prefill-only steps under their own engine settings);
+- `disagg_decode_scale`: multiplies the decode step of disaggregated decode workers
+  (speculative decoding those deployments run and the records do not carry ends up here);
+- `disagg_request_overhead_s`: the fixed per-request time of disaggregated deployments, whose
+  requests take another path (router, prefill worker, KV transfer, decode worker);
+- shared: `benchmark_rounds`, requests per client of runs whose protocol does not say
+  (`model.closed_loop`: the first round arrives as a burst); `varied_wave_persistence`, the
+  share of later rounds that stay synchronized on a prefill-first scheduler when request
+  lengths vary (the one cell of the arrival table where the two mechanisms compete).
+How synchronized the clients arrive is otherwise not fitted: `model.closed_loop` derives it from
+the benchmark protocol and the engine's scheduler. A backend with fewer than MIN_DISAGG_ROWS
+disaggregated runs keeps its disaggregated factors tied to the aggregated ones (`_tie`).
 
 The kernel physics (model.roofline with the kernel fits of model.kernels) is computed once per
 run (`model.check.case_components`); the fit then only evaluates `closed_loop`, so it takes
-seconds. Loss: Cauchy (robust) on log(pred/measured) of TTFT and TPOT. Scores are reported in-sample,
-5-fold by configuration (model, system, backend, plan: all ISL/OSL/concurrency points of one
-deployment are held out together) and leaving one model out.
+seconds. Loss: Cauchy (robust) on log(pred/measured) of TTFT and TPOT. Scores are reported
+in-sample, 5-fold by configuration (model, system, backend, plan: all ISL/OSL/concurrency points
+of one deployment are held out together) and leaving one model out.
 
 Run `python -m model.engine_fit` to refit and rewrite engine.yaml.
 """
@@ -42,12 +51,16 @@ from model import ROOT
 
 ENGINE_YAML = ROOT / "data" / "calibration" / "engine.yaml"
 E2E_CSV = ROOT / "data" / "calibration" / "e2e_measured.csv"
-FITTED = ("step_overhead_s", "prefill_scale", "decode_scale", "arrival_sync", "request_overhead_s",
-          "moe_scale", "disagg_decode_scale", "disagg_arrival_sync", "disagg_request_overhead_s")
+FITTED = ("step_overhead_s", "prefill_scale", "decode_scale", "moe_scale", "moe_prefill_scale",
+          "request_overhead_s", "first_token_steps", "disagg_prefill_scale",
+          "disagg_decode_scale", "disagg_request_overhead_s")
+SHARED = ("benchmark_rounds", "varied_wave_persistence")
 BACKENDS = ("vllm", "sglang", "trtllm")
-_LO = np.array([0.0, 0.2, 0.2, 0.0, 0.0, 0.2, 0.2, 0.0, 0.0])
-_HI = np.array([0.05, 5.0, 5.0, 1.0, 2.0, 5.0, 5.0, 1.0, 5.0])
-_X0 = np.array([0.003, 1.0, 1.0, 0.5, 0.05, 1.0, 1.0, 0.5, 0.1])
+_LO = np.array([0.0, 0.2, 0.2, 0.2, 0.2, 0.0, 0.0, 0.2, 0.2, 0.0])
+_HI = np.array([0.05, 5.0, 5.0, 5.0, 5.0, 2.0, 50.0, 5.0, 5.0, 5.0])
+_X0 = np.array([0.003, 1.0, 1.0, 1.0, 1.0, 0.05, 2.0, 1.0, 1.0, 0.1])
+_SHARED_LO, _SHARED_HI = np.array([1.0, 0.0]), np.array([100.0, 1.0])
+_SHARED_X0 = np.array([8.0, 0.3])
 _N = len(FITTED)
 
 
@@ -71,28 +84,40 @@ def load_factors(backend: str, system: str | None = None):
     return EngineFactors(**values)
 
 
+def load_loop_factors(backend: str) -> dict:
+    """All closed-loop factors of a backend (model.closed_loop.LoopFactors names -> value),
+    defaults where engine.yaml has none."""
+    from model.closed_loop import LoopFactors
+
+    out = asdict(LoopFactors())
+    entry = _table().get("backends", {}).get(backend) or {}
+    out.update({k: float(v) for k, v in entry.items() if k in out})
+    out.update({k: float(v) for k, v in (_table().get("shared") or {}).items() if k in out})
+    return out
+
+
 def factors_dict(factors) -> dict:
     return {k: v for k, v in asdict(factors).items() if k in FITTED}
 
 
 # ---- data ---------------------------------------------------------------------------------------
-COMPONENT_KEYS = ("m_dec", "m_wave", "m_one", "k_dec", "n_dec", "k_wave", "n_wave", "wave_steps_mean", "wave_steps", "k_one",
-                  "n_one", "chunks", "running", "concurrency", "osl", "per_rank", "t_kv",
-                  "disagg", "spec")
+COMPONENT_KEYS = ("m_dec", "m_wave", "m_one", "k_dec", "n_dec", "k_wave", "n_wave",
+                  "wave_steps_mean", "wave_steps", "k_one", "n_one", "chunks", "running",
+                  "concurrency", "osl", "per_rank", "t_kv", "disagg", "spec", "rounds",
+                  "fixed_lengths", "prefill_first", "prefill_servers", "wave_prompts")
 
 
 def component_table(path=E2E_CSV) -> pd.DataFrame:
     """One row per measured run: identifiers, measurements and the physics components."""
-    from model.check import case_components, load_cases
+    from model.check import case_components, case_plan_label, deployment_kind, load_cases
 
     rows = []
     for case in load_cases(path):
         comp = case_components(case)
-        plan = case.plan.label() if case.plan else (
-            f"P{case.disagg.prefill_workers}x{case.disagg.prefill_plan.label()}/"
-            f"D{case.disagg.decode_workers}x{case.disagg.decode_plan.label()}")
+        plan = case_plan_label(case)
         row = {"id": case.id, "model": case.model, "system": case.system,
                "backend": case.backend, "mode": case.mode, "plan": plan,
+               "deployment": deployment_kind(case),
                "config": f"{case.model}|{case.system}|{case.backend}|{plan}",
                "ttft_ms": case.ttft_ms, "tpot_ms": case.tpot_ms, "skip": comp.get("skip")}
         if "skip" not in comp:
@@ -101,32 +126,68 @@ def component_table(path=E2E_CSV) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def predict(df: pd.DataFrame, params: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(ttft_ms, tpot_ms) for the rows of a component table under per-backend params."""
-    from model.estimate import closed_loop
+Params = dict  # {"backends": {backend: vector in FITTED order}, "shared": vector in SHARED order}
 
-    p = np.stack([params[b] for b in df["backend"]])
+
+def predict(df: pd.DataFrame, params: Params) -> tuple[np.ndarray, np.ndarray]:
+    """(ttft_ms, tpot_ms) for the rows of a component table under fitted params."""
+    from model.closed_loop import closed_loop
+
+    per = np.stack([params["backends"][b] for b in df["backend"]])
+    f = {name: per[:, i] for i, name in enumerate(FITTED)}
+    f.update({name: params["shared"][i] for i, name in enumerate(SHARED)})
     comp = {k: df[k].to_numpy(float) for k in COMPONENT_KEYS}
-    ttft, tpot, _ = closed_loop(comp, *(p[:, i] for i in range(_N)))
+    ttft, tpot, _ = closed_loop(comp, f)
     return ttft * 1e3, tpot * 1e3
 
 
-def _residuals(vec, df, backends):
-    params = {b: vec[_N * i: _N * i + _N] for i, b in enumerate(backends)}
-    ttft, tpot = predict(df, params)
+MIN_DISAGG_ROWS = 20  # below this, a backend's disaggregated factors are tied to its aggregated
+
+
+def _tie(v: np.ndarray) -> np.ndarray:
+    """A backend's factors with the disaggregated ones tied to the aggregated ones (prefill scale
+    and request overhead as aggregated, decode scale 1): for backends with too few
+    disaggregated runs to fit them (vLLM: 3 rows)."""
+    v = np.array(v, float)
+    i = FITTED.index
+    v[i("disagg_prefill_scale")] = v[i("prefill_scale")]
+    v[i("disagg_decode_scale")] = 1.0
+    v[i("disagg_request_overhead_s")] = v[i("request_overhead_s")]
+    return v
+
+
+def _unpack(vec, backends, tied=()) -> Params:
+    per = {b: vec[_N * i: _N * i + _N] for i, b in enumerate(backends)}
+    return {"backends": {b: _tie(v) if b in tied else v for b, v in per.items()},
+            "shared": vec[_N * len(backends):]}
+
+
+def _tied(df: pd.DataFrame) -> tuple[str, ...]:
+    counts = df[df["mode"] == "disagg"]["backend"].value_counts()
+    return tuple(b for b in sorted(df["backend"].unique()) if counts.get(b, 0) < MIN_DISAGG_ROWS)
+
+
+def _residuals(vec, df, backends, tied=()):
+    ttft, tpot = predict(df, _unpack(vec, backends, tied))
     return np.concatenate([np.log(ttft / df["ttft_ms"].to_numpy()),
                            np.log(tpot / df["tpot_ms"].to_numpy())])
 
 
-def fit(df: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Least-squares (soft-L1) fit of the factors per backend present in `df`."""
+def fit(df: pd.DataFrame) -> Params:
+    """Robust least-squares fit (Cauchy loss, f_scale 0.2, on log ratios) of the factors per
+    backend present in `df` and of the shared ones (disaggregated factors tied for backends
+    with fewer than MIN_DISAGG_ROWS disaggregated runs)."""
     from scipy.optimize import least_squares
 
     backends = sorted(df["backend"].unique())
-    x0 = np.tile(_X0, len(backends))
-    res = least_squares(_residuals, x0, args=(df, backends), loss="cauchy", f_scale=0.2,
-                        bounds=(np.tile(_LO, len(backends)), np.tile(_HI, len(backends))))
-    return {b: res.x[_N * i: _N * i + _N] for i, b in enumerate(backends)}
+    nb = len(backends)
+    x0 = np.concatenate([np.tile(_X0, nb), _SHARED_X0])
+    lo = np.concatenate([np.tile(_LO, nb), _SHARED_LO])
+    hi = np.concatenate([np.tile(_HI, nb), _SHARED_HI])
+    tied = _tied(df)
+    res = least_squares(_residuals, x0, args=(df, backends, tied), loss="cauchy", f_scale=0.2,
+                        bounds=(lo, hi))
+    return _unpack(res.x, backends, tied)
 
 
 def _errors(df: pd.DataFrame, ttft, tpot) -> dict:
@@ -146,8 +207,9 @@ def held_out(df: pd.DataFrame, groups: pd.Series) -> tuple[np.ndarray, np.ndarra
         train = df[~test]
         params = fit(train)
         sub = df[test]
-        fallback = np.median(np.stack(list(params.values())), axis=0)
-        full = {b: params.get(b, fallback) for b in sub["backend"].unique()}
+        fallback = np.median(np.stack(list(params["backends"].values())), axis=0)
+        full = {"backends": {b: params["backends"].get(b, fallback)
+                             for b in sub["backend"].unique()}, "shared": params["shared"]}
         ttft[test], tpot[test] = predict(sub, full)
     return ttft, tpot
 
@@ -162,9 +224,9 @@ def config_folds(df: pd.DataFrame, k: int = 5, seed: int = 0) -> pd.Series:
 
 def report(df: pd.DataFrame, ttft, tpot) -> dict:
     out = {"overall": _errors(df, ttft, tpot)}
-    for g in ("system", "backend", "model", "mode"):
-        out[f"by_{g}"] = {str(k): _errors(df[m], ttft[m], tpot[m])
-                          for k, m in ((k, (df[g] == k).to_numpy()) for k in sorted(df[g].unique()))}
+    for g in ("system", "backend", "model", "mode", "deployment"):
+        out[f"by_{g}"] = {str(k): _errors(df[m], ttft[m], tpot[m]) for k, m in
+                          ((k, (df[g] == k).to_numpy()) for k in sorted(df[g].unique()))}
     return out
 
 
@@ -182,10 +244,11 @@ def run(path=E2E_CSV, write: bool = True) -> dict:
                      "e2e_measured.csv: aiconfigurator-core 0.12.0 silicon_sample, NVIDIA)",
         "method": "scipy.optimize.least_squares, cauchy (f_scale 0.2) on log(pred/measured) of "
                   "mean TTFT and mean TPOT; kernels from model.roofline (data/calibration/"
-                  "kernels.yaml); closed loop from model.estimate.closed_loop",
+                  "kernels.yaml); closed loop from model.closed_loop.closed_loop",
         "rows": int(len(table)), "rows_fitted": int(len(df)),
         "backends": {b: {name: float(v) for name, v in zip(FITTED, vec, strict=True)}
-                     for b, vec in params.items()},
+                     for b, vec in params["backends"].items()},
+        "shared": {name: float(v) for name, v in zip(SHARED, params["shared"], strict=True)},
         "scores": {"in_sample": report(df, ttft, tpot),
                    "held_out_5fold_by_config": report(df, cv_t, cv_p),
                    "held_out_leave_one_model_out": report(df, lomo_t, lomo_p)},
@@ -206,4 +269,4 @@ if __name__ == "__main__":
     s = r["scores"]
     for name in ("in_sample", "held_out_5fold_by_config", "held_out_leave_one_model_out"):
         print(name, s[name]["overall"])
-    print(r["backends"])
+    print(r["backends"], r["shared"])

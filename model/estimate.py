@@ -5,18 +5,20 @@ output tokens, each client sending its next request as soon as the last one fini
 Two steps: `agg_components` / `disagg_components` compute the physics of the run once (kernel,
 network and routed-expert seconds of the three step kinds a run is made of: a wave prefill step,
 a single-prompt prefill step, a decode step; how many sequences the KV pool holds; the KV
-transfer), then `closed_loop` turns them into TTFT, TPOT and throughput with the engine factors
-(`model.engine_fit`). The fit evaluates only `closed_loop`, vectorized over all measured runs.
+transfer; the benchmark protocol and the engine's scheduler kind), then
+`model.closed_loop.closed_loop` turns them into TTFT, TPOT and throughput with the engine
+factors (`model.engine_fit`). The fit evaluates only `closed_loop`, vectorized over all runs.
 
-Arrivals. With fixed ISL/OSL the clients of a benchmark drift into waves that arrive together;
-`arrival="synchronized"` prefills a wave of prompts in budget-sized chunks (TTFT = the steps up
-to a prompt's last chunk), `"staggered"` prefills each prompt alone, and `"benchmark"` (default)
-mixes them with the fitted per-backend `arrival_sync`. TPOT is the decode step at the running
-batch plus the prefill steps that interrupt it. Little's law closes the loop,
-C = X (TTFT + (OSL-1) TPOT): clients beyond what the KV pool holds wait, and that wait is in TTFT.
+Arrivals: `arrival="benchmark"` (default) derives how synchronized the clients are from the
+protocol (rounds, fixed or drawn lengths) and the scheduler (see `model.closed_loop`);
+`"synchronized"` and `"staggered"` force either extreme.
 
 Disaggregated: prefill workers (x their DP ranks) take the prompts, the KV crosses the network
-to a decode worker, decode workers run batches of C/decode_workers sequences undisturbed.
+to a decode worker, decode workers run batches of C/decode_workers sequences undisturbed. A
+worker count given as None (a record that does not carry it) is inferred as the minimum the run
+implies: decode workers = ceil(C / sequences one decode worker's KV pool holds), prefill workers
+the fewest that keep up with those decode workers (`infer_decode_workers`,
+`infer_prefill_workers`).
 """
 
 from __future__ import annotations
@@ -25,21 +27,48 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.closed_loop import SCHEDULER, Protocol, closed_loop
 from model.errors import Infeasible, ServecastError
 from model.parallel import ParallelPlan
 from model.step import StepModel, build_step_model
+
+__all__ = ["Disagg", "Protocol", "closed_loop", "estimate", "aggregated", "disaggregated",
+           "agg_components", "disagg_components", "infer_decode_workers",
+           "infer_prefill_workers"]
 
 MAX_NUM_BATCHED_TOKENS = 8192  # vLLM online-serving default on H100-class GPUs (and SGLang's chunk)
 
 
 @dataclass(frozen=True)
 class Disagg:
-    """Disaggregated deployment: plans and worker counts of the prefill and decode pools."""
+    """Disaggregated deployment: plans and worker counts of the prefill and decode pools (None:
+    not known: inferred by `infer_decode_workers`, `infer_prefill_workers`)."""
 
     prefill_plan: ParallelPlan
     decode_plan: ParallelPlan
-    prefill_workers: int = 1
-    decode_workers: int = 1
+    prefill_workers: int | None = 1
+    decode_workers: int | None = 1
+
+
+def infer_decode_workers(d: Disagg, concurrency: int, decode_capacity_seqs: float) -> int:
+    """Decode workers of a deployment, the minimum the run implies where the record leaves them
+    out: C clients all hold a running sequence in steady state, so the decode pool holds at
+    least C sequences: max(1, ceil(C / floor(sequences one decode worker's KV pool holds)))."""
+    if d.decode_workers is not None:
+        return d.decode_workers
+    return max(1, int(np.ceil(concurrency / max(np.floor(decode_capacity_seqs), 1.0))))
+
+
+def infer_prefill_workers(d: Disagg, request_rate: float, prefill_s: float,
+                          ranks: int) -> int:
+    """Prefill workers of a deployment, where the record leaves them out: the fewest that keep up
+    with the decode pool (a pool sized below that would make every other number of the run
+    meaningless): max(1, ceil(rate * prefill seconds per request / DP ranks per worker)), the
+    rate being what the decode workers complete at their decode step and the prefill seconds
+    those of a busy server (full budget-sized steps), both at kernel level."""
+    if d.prefill_workers is not None:
+        return d.prefill_workers
+    return max(1, int(np.ceil(request_rate * prefill_s / max(ranks, 1))))
 
 
 def _check_inputs(isl, osl, concurrency, prefix_tokens):
@@ -71,6 +100,13 @@ def infeasible(reason: str, **extra) -> dict:
             "memory_bytes_per_gpu": extra.pop("memory_bytes_per_gpu", None), **extra}
 
 
+def _protocol_parts(protocol: Protocol | None, backend: str) -> dict:
+    p = protocol or Protocol()
+    return {"rounds": float("nan") if p.rounds is None else float(p.rounds),
+            "fixed_lengths": 1.0 if p.fixed_lengths else 0.0,
+            "prefill_first": 1.0 if SCHEDULER.get(backend) == "prefill_first" else 0.0}
+
+
 def _prefill_queue_steps(prompts, new_tokens, step_tokens):
     """Mean number of prefill steps until a prompt's last chunk ran, when `prompts` prompts of
     `new_tokens` arrive together and each step packs `step_tokens` prompt tokens (FCFS)."""
@@ -98,7 +134,8 @@ def _kv_limit(sm: StepModel, isl: int, osl: int) -> float:
 
 # ---- components: the physics of one run, before engine factors ------------------------------------
 def agg_components(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_tokens: int = 0,
-                   max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> dict:
+                   max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+                   protocol: Protocol | None = None) -> dict:
     """Kernel/network seconds of the steps an aggregated run is made of (engine factors apply
     later in `closed_loop`), and the counts that combine them."""
     new = float(isl - prefix_tokens)
@@ -123,29 +160,39 @@ def agg_components(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_t
             "wave_steps": float(np.ceil(per_rank * new / wave_tokens)),
             "k_one": float(k_one), "n_one": float(n_one), "chunks": float(np.ceil(new / chunk)),
             "running": running, "concurrency": float(concurrency), "osl": float(osl),
-            "per_rank": per_rank, "t_kv": 0.0, "disagg": 0.0,
-            "spec": float(sm.tokens_per_decode_step), "max_running": max_running}
+            "per_rank": per_rank, "t_kv": 0.0, "disagg": 0.0, "prefill_servers": float(p.dp),
+            "wave_prompts": wave_tokens / new,
+            "spec": float(sm.tokens_per_decode_step), "max_running": max_running,
+            **_protocol_parts(protocol, sm.backend)}
 
 
 def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: int,
                       concurrency: int, prefix_tokens: int = 0,
-                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> dict:
+                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+                      protocol: Protocol | None = None) -> dict:
     new = float(isl - prefix_tokens)
     cap = _kv_limit(dec, isl, osl)
     if float(pre.kv_capacity_tokens(isl)) < isl:
         raise Infeasible(f"prefill workers under {pre.plan.label()} cannot hold one prompt of "
                          f"{isl} tokens")
-    per_worker = min(concurrency / d.decode_workers, np.floor(cap))
-    running = per_worker * d.decode_workers
-    servers = d.prefill_workers * pre.plan.dp
-    per_server = max(running / servers, 1.0)
+    decode_workers = infer_decode_workers(d, concurrency, cap)
+    per_worker = min(concurrency / decode_workers, np.floor(cap))
+    running = per_worker * decode_workers
     budget = float(max_num_batched_tokens)
-    wave_tokens = min(budget, per_server * new)
     chunk = min(budget, new)
-    (k_wave, k_one), (n_wave, n_one), (m_wave, m_one) = pre.step_parts(
-        [wave_tokens * pre.plan.dp, chunk * pre.plan.dp], isl, 0.0, 0.0,
-        [max(wave_tokens / new, 1.0) * pre.plan.dp, pre.plan.dp])
+    dp = pre.plan.dp
     k_dec, n_dec, m_dec = dec.step_parts(0, 0, per_worker / dec.plan.pp, isl + osl / 2.0)
+    # a single prompt, and a full step of budget tokens (what a busy prefill server runs)
+    (k_one, k_full), (n_one, n_full), (m_one, m_full) = pre.step_parts(
+        [chunk * dp, budget * dp], isl, 0.0, 0.0, [dp, max(budget / new, 1.0) * dp])
+    rate = running / (max(osl - 1, 1) * float(k_dec + n_dec + m_dec) / dec.tokens_per_decode_step)
+    prefill_workers = infer_prefill_workers(
+        d, rate, float(k_full + n_full + m_full) * new / budget, dp)
+    servers = prefill_workers * dp
+    per_server = max(running / servers, 1.0)
+    wave_tokens = min(budget, per_server * new)
+    (k_wave,), (n_wave,), (m_wave,) = pre.step_parts(
+        [wave_tokens * dp], isl, 0.0, 0.0, [max(wave_tokens / new, 1.0) * dp])
     kv_bytes = float(dec.kv_bytes_per_seq_per_gpu(isl)) * dec.plan.attention_gpus
     bw = getattr(pre.hw, "scale_out_bandwidth_bytes_per_s", 50e9) * pre.gpus
     return {"m_dec": float(m_dec), "m_wave": float(m_wave), "m_one": float(m_one),
@@ -156,74 +203,39 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
             "k_one": float(k_one), "n_one": float(n_one), "chunks": float(np.ceil(new / chunk)),
             "running": float(running), "concurrency": float(concurrency), "osl": float(osl),
             "per_rank": per_server, "t_kv": kv_bytes / bw, "disagg": 1.0,
-            "spec": float(dec.tokens_per_decode_step), "max_running": cap * d.decode_workers}
+            "prefill_servers": float(servers), "wave_prompts": wave_tokens / new,
+            "spec": float(dec.tokens_per_decode_step),
+            "max_running": cap * decode_workers, "prefill_workers": float(prefill_workers),
+            "decode_workers": float(decode_workers), **_protocol_parts(protocol, dec.backend)}
 
 
-def closed_loop(c: dict, overhead, prefill_scale, decode_scale, sync, request_overhead=0.0,
-                moe_scale=1.0, disagg_decode_scale=1.0, disagg_sync=None,
-                disagg_request_overhead=None):
-    """TTFT, TPOT (s) and completed requests/s from components and engine factors.
+def loop_factors(sm: StepModel):
+    """Closed-loop factors of the step model's backend: the step-level ones from the step model
+    (so overrides apply), the rest from data/calibration/engine.yaml."""
+    from model.engine_fit import load_loop_factors
 
-    All inputs broadcast (components may be arrays over runs: this is what the fit evaluates).
-    - decode step: (kernels + moe_scale * routed experts) * decode_scale + network + overhead;
-    - prefill steps: the same with prefill_scale;
-    - disaggregated decode workers: the decode step times `disagg_decode_scale` (their measured
-      runs are faster than the aggregated fit implies: speculative decoding and worker counts
-      the records do not carry are folded in here);
-    - synchronized arrivals (weight `sync`): a wave of prompts is prefilled in budget-sized
-      steps, a prompt's TTFT is the steps up to its last chunk, and the early ones decode through
-      about half the wave's remaining prefill steps;
-    - spread-out arrivals (1 - sync): a prompt is prefilled alone (aggregated: with the running
-      decodes riding along), and each of the running sequences' prefills interrupts the decode
-      once per OSL tokens;
-    - every request pays a fixed `request_overhead` before its first token (API server,
-      tokenization, scheduling admission, detokenization and streaming of the first token);
-    - Little's law closes the loop: C = x (TTFT + (OSL-1) TPOT); clients beyond the KV limit
-      wait, which adds to TTFT.
-    """
-    if disagg_sync is not None:  # disaggregated runs have their own request path and arrivals
-        sync = sync + c["disagg"] * (disagg_sync - sync)
-    if disagg_request_overhead is not None:
-        request_overhead = request_overhead + c["disagg"] * (disagg_request_overhead
-                                                             - request_overhead)
-    t_dec = (c["k_dec"] + moe_scale * c["m_dec"]) * decode_scale + c["n_dec"] + overhead
-    t_dec = t_dec * (1.0 + c["disagg"] * (disagg_decode_scale - 1.0))
-    t_wave = (c["k_wave"] + moe_scale * c["m_wave"]) * prefill_scale + c["n_wave"] + overhead
-    t_one = (c["k_one"] + moe_scale * c["m_one"]) * prefill_scale + c["n_one"] + overhead
-    agg = 1.0 - c["disagg"]
-    osl1 = np.maximum(c["osl"] - 1.0, 1.0)
-    ttft_sync = c["wave_steps_mean"] * t_wave + c["t_kv"]
-    tpot_sync = t_dec + agg * 0.5 * np.maximum(c["wave_steps"] - 1.0, 0.0) * t_wave / osl1
-    ttft_spread = c["chunks"] * (t_one + agg * (t_dec - overhead)) + c["t_kv"]
-    # each rank's sequences prefill once per OSL tokens (DP ranks step together)
-    tpot_spread = t_dec + agg * c["per_rank"] * c["chunks"] * (t_one - overhead) / osl1
-    ttft = sync * ttft_sync + (1 - sync) * ttft_spread + request_overhead
-    tpot = (sync * tpot_sync + (1 - sync) * tpot_spread) / c["spec"]
-    x = c["running"] / (ttft + (c["osl"] - 1.0) * tpot)
-    ttft = np.maximum(c["concurrency"] / x - (c["osl"] - 1.0) * tpot, ttft)
-    return ttft, tpot, x
+    f = load_loop_factors(sm.backend)
+    own = sm.factors
+    return {**f, "step_overhead_s": own.step_overhead_s, "prefill_scale": own.prefill_scale,
+            "decode_scale": own.decode_scale, "moe_scale": own.moe_scale}
 
 
-def _run(comp: dict, factors, arrival: str):
+def _run(comp: dict, sm: StepModel, arrival: str):
     if arrival not in ("benchmark", "synchronized", "staggered"):
         raise ServecastError(f"unknown arrival {arrival!r}; allowed: benchmark, synchronized, "
                              f"staggered")
-    fixed = {"synchronized": 1.0, "staggered": 0.0}.get(arrival)
-    sync = factors.arrival_sync if fixed is None else fixed
-    disagg_sync = factors.disagg_arrival_sync if fixed is None else fixed
-    ttft, tpot, x = closed_loop(comp, factors.step_overhead_s, factors.prefill_scale,
-                                factors.decode_scale, sync, factors.request_overhead_s,
-                                factors.moe_scale, factors.disagg_decode_scale, disagg_sync,
-                                factors.disagg_request_overhead_s)
+    sync = {"synchronized": 1.0, "staggered": 0.0}.get(arrival)
+    ttft, tpot, x = closed_loop(comp, loop_factors(sm), sync)
     return float(ttft), float(tpot), float(x)
 
 
 def aggregated(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_tokens: int = 0,
                max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-               arrival: str = "benchmark") -> dict:
+               arrival: str = "benchmark", protocol: Protocol | None = None) -> dict:
     """Closed-loop steady state of one aggregated replica."""
-    comp = agg_components(sm, isl, osl, concurrency, prefix_tokens, max_num_batched_tokens)
-    ttft, tpot, x = _run(comp, sm.factors, arrival)
+    comp = agg_components(sm, isl, osl, concurrency, prefix_tokens, max_num_batched_tokens,
+                          protocol)
+    ttft, tpot, x = _run(comp, sm, arrival)
     memory = float(sm.memory_bytes_per_gpu(comp["running"], isl + osl))
     return _result(ttft, tpot, x, isl, osl, sm.gpus, memory,
                    {"kv_capacity_tokens": comp["max_running"] * (isl + osl),
@@ -234,18 +246,21 @@ def aggregated(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_token
 def disaggregated(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: int,
                   concurrency: int, prefix_tokens: int = 0,
                   max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                  arrival: str = "benchmark") -> dict:
+                  arrival: str = "benchmark", protocol: Protocol | None = None) -> dict:
     """Prefill pool -> KV transfer -> decode pool, closed loop of `concurrency` clients."""
     comp = disagg_components(pre, dec, d, isl, osl, concurrency, prefix_tokens,
-                             max_num_batched_tokens)
-    ttft, tpot, x = _run(comp, dec.factors, arrival)
-    gpus = pre.gpus * d.prefill_workers + dec.gpus * d.decode_workers
+                             max_num_batched_tokens, protocol)
+    ttft, tpot, x = _run(comp, dec, arrival)
+    n_pre, n_dec = int(comp["prefill_workers"]), int(comp["decode_workers"])
+    gpus = pre.gpus * n_pre + dec.gpus * n_dec
     memory = max(float(pre.memory_bytes_per_gpu(1, isl)),
-                 float(dec.memory_bytes_per_gpu(comp["running"] / d.decode_workers, isl + osl)))
+                 float(dec.memory_bytes_per_gpu(comp["running"] / n_dec, isl + osl)))
     return _result(ttft, tpot, x, isl, osl, gpus, memory,
                    {"mode": "disaggregated", "arrival": arrival,
                     "kv_transfer_ms": comp["t_kv"] * 1e3, "prefill_plan": pre.plan.label(),
                     "decode_plan": dec.plan.label(), "running_seqs": comp["running"],
+                    "prefill_workers": n_pre, "decode_workers": n_dec,
+                    "workers_inferred": d.prefill_workers is None or d.decode_workers is None,
                     "components": comp})
 
 
@@ -255,34 +270,33 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
              breakdown: bool = False, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
              moe_precision: str | None = None, arrival: str = "benchmark",
              cross_domain_tp: bool = False, spec_tokens: int = 0,
-             spec_acceptance: float = 0.0) -> dict:
+             spec_acceptance: float = 0.0, protocol: Protocol | None = None) -> dict:
     """The `servecast estimate` contract: ttft_ms, tpot_ms, output/total tokens per s per GPU,
-    memory_bytes_per_gpu, feasible, reason (+ mode, plans, optional per-op breakdown)."""
+    memory_bytes_per_gpu, feasible, reason (+ mode, plans, optional per-op breakdown).
+    `protocol`: the benchmark's rounds and length distribution (default: fixed lengths, the
+    fitted number of rounds)."""
     _check_inputs(isl, osl, concurrency, prefix_tokens)
     if spec_tokens < 0 or not 0.0 <= spec_acceptance <= 1.0:
         raise ServecastError(f"--spec-tokens must be >= 0 and --spec-acceptance in [0, 1] "
                              f"(got {spec_tokens}, {spec_acceptance})")
+    kw = dict(moe_precision=moe_precision, cross_domain_tp=cross_domain_tp,
+              spec_tokens=spec_tokens, spec_acceptance=spec_acceptance)
     try:
         if disagg is None:
-            sm = build_step_model(arch, hw, plan, precision, kv_dtype, backend,
-                                  moe_precision=moe_precision,
-                                  cross_domain_tp=cross_domain_tp, spec_tokens=spec_tokens,
-                                  spec_acceptance=spec_acceptance)
+            sm = build_step_model(arch, hw, plan, precision, kv_dtype, backend, **kw)
             out = aggregated(sm, isl, osl, concurrency, prefix_tokens, max_num_batched_tokens,
-                             arrival)
+                             arrival, protocol)
             models = {"step": sm}
+            per_decoder = out["running_seqs"]
         else:
             pre = build_step_model(arch, hw, disagg.prefill_plan, precision, kv_dtype, backend,
-                                   moe_precision=moe_precision,
-                                  cross_domain_tp=cross_domain_tp, spec_tokens=spec_tokens,
-                                  spec_acceptance=spec_acceptance)
+                                   **kw)
             dec = build_step_model(arch, hw, disagg.decode_plan, precision, kv_dtype, backend,
-                                   moe_precision=moe_precision,
-                                  cross_domain_tp=cross_domain_tp, spec_tokens=spec_tokens,
-                                  spec_acceptance=spec_acceptance)
+                                   **kw)
             out = disaggregated(pre, dec, disagg, isl, osl, concurrency, prefix_tokens,
-                                max_num_batched_tokens, arrival)
+                                max_num_batched_tokens, arrival, protocol)
             models = {"prefill": pre, "decode": dec}
+            per_decoder = out["running_seqs"] / out["decode_workers"]
     except Infeasible as why:
         return infeasible(str(why))
     out["arch"] = getattr(arch, "name", "")
@@ -291,8 +305,7 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
     if breakdown:
         out["breakdown"] = {}
         for role, sm in models.items():
-            run = out.get("running_seqs", concurrency / (disagg.decode_workers if disagg else 1))
-            dec_b = sm.breakdown(0, 0, max(run, 1.0), isl + osl / 2.0)
+            dec_b = sm.breakdown(0, 0, max(per_decoder, 1.0), isl + osl / 2.0)
             pre_b = sm.breakdown(min(isl - prefix_tokens, max_num_batched_tokens), isl, 0, 0)
             out["breakdown"][role] = {"decode_step": _trim(dec_b), "prefill_step": _trim(pre_b)}
         b = out["breakdown"].get("step") or out["breakdown"]["decode"]

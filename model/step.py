@@ -73,16 +73,18 @@ def collective_time_s(op: str, bytes_, gpus: int, hw, scope: str):
 # ---- engine factors ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EngineFactors:
-    """Named empirical factors of an inference engine (fitted by model.engine_fit)."""
+    """Named empirical factors of an inference engine (fitted by model.engine_fit on the
+    end-to-end calibration runs; what each one absorbs is documented there)."""
 
     step_overhead_s: float = 0.004  # scheduler + sampling + launch per engine step
-    prefill_scale: float = 1.0  # multiplies the kernel time of prefill steps
-    decode_scale: float = 1.0  # multiplies the kernel time of decode steps
-    arrival_sync: float = 0.5  # benchmark clients arriving together (1) vs spread out (0)
+    prefill_scale: float = 1.0  # multiplies the non-expert kernel time of prefill steps
+    decode_scale: float = 1.0  # multiplies the non-expert kernel time of decode steps
+    moe_scale: float = 1.0  # routed-expert kernel time of decode tokens (routing, permute)
+    moe_prefill_scale: float = 1.0  # the same for prefill tokens (expert load imbalance)
     request_overhead_s: float = 0.0  # fixed per-request time before the first token
-    moe_scale: float = 1.0  # multiplies routed-expert kernel time (routing, permute, imbalance)
+    first_token_steps: float = 0.0  # decode steps before the first token reaches the client
+    disagg_prefill_scale: float = 1.0  # prefill_scale of disaggregated prefill workers
     disagg_decode_scale: float = 1.0  # decode step of disaggregated decode workers
-    disagg_arrival_sync: float = 0.5  # arrival_sync of disaggregated deployments
     disagg_request_overhead_s: float = 0.0  # request path router -> prefill -> decode worker
     source: str = "default (unfitted)"
 
@@ -287,10 +289,14 @@ class StepModel:
                 min(self.arch.lm_head.out_features, EAGLE_DRAFT_VOCAB))
 
     def _combine(self, times, pre, dec):
+        """Engine step = (kernels + scaled routed experts) x phase scale + network + overhead,
+        the phase factors weighted by the step's prefill share of tokens (as model.closed_loop
+        combines the same factors for the pure steps it was fitted on)."""
         f = self.factors
         pre_share = pre / np.maximum(pre + dec * (1 + self.spec_tokens), 1e-9)
         scale = f.prefill_scale * pre_share + f.decode_scale * (1 - pre_share)
-        kernel = sum(np.asarray(t) * c * (f.moe_scale if kind == "moe" else 1.0)
+        moe = f.moe_prefill_scale * pre_share + f.moe_scale * (1 - pre_share)
+        kernel = sum(np.asarray(t) * c * (moe if kind == "moe" else 1.0)
                      for _, kind, c, t in times if kind != "network")
         network = sum((np.asarray(t) * c for _, kind, c, t in times if kind == "network"),
                       0.0 * pre)

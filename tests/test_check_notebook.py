@@ -11,7 +11,7 @@ def test_benchmark_check_notebook_headline(tmp_path):
     assert head["dominant_tpot_term"] in ("decode_kernels", "decode_experts", "network",
                                           "step_overhead", "prefill_interference")
     assert head["dominant_ttft_term"] in ("prefill", "kv_transfer", "request_overhead",
-                                          "queueing")
+                                          "first_token_stream", "queueing")
     assert 0 < head["tpot_median_ape"] < 0.5
     assert (tmp_path / "measured_vs_predicted.png").exists()
     assert (tmp_path / "error_by_group.svg").exists()

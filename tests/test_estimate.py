@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from model.architecture import load_architecture
 from model.errors import ServecastError
-from model.estimate import Disagg, estimate
+from model.estimate import Disagg, estimate, infer_decode_workers, infer_prefill_workers
 from model.hardware import load_hardware
 from model.parallel import ParallelPlan
 
@@ -97,6 +98,34 @@ def test_disaggregated_counts_both_pools(h200):
     assert out["kv_transfer_ms"] > 0
     assert out["breakdown"]["decode"]["decode_step"]["bottleneck"] in (
         "compute", "hbm", "network", "overhead")
+
+
+def test_worker_inference_rules_by_hand():
+    plan = ParallelPlan(dp=8, ep=8)
+    blank = Disagg(plan, plan, None, None)
+    # 1000 clients, one decode worker's KV holds 300.7 sequences: ceil(1000 / 300) = 4 workers
+    assert infer_decode_workers(blank, 1000, 300.7) == 4
+    assert infer_decode_workers(blank, 10, 300.7) == 1
+    assert infer_decode_workers(Disagg(plan, plan, 2, 9), 1000, 300.7) == 9  # recorded wins
+    # 10 requests/s x 0.25 s of busy-server prefill each = 2.5 server-seconds per second:
+    # 3 single-rank workers, or 1 worker of 8 DP ranks
+    assert infer_prefill_workers(blank, 10.0, 0.25, 1) == 3
+    assert infer_prefill_workers(blank, 10.0, 0.25, 8) == 1
+    assert infer_prefill_workers(Disagg(plan, plan, 2, None), 10.0, 0.25, 1) == 2
+
+
+def test_disaggregated_blank_worker_counts_are_inferred(h200):
+    ds = load_architecture("deepseek-v3")
+    plan = ParallelPlan(dp=8, ep=8)
+    out = estimate(ds, h200, ParallelPlan(), 1024, 1024, 4096, disagg=Disagg(plan, plan, None,
+                                                                               None))
+    assert out["feasible"] and out["workers_inferred"] is True
+    comp = out["components"]
+    # the fewest decode workers whose KV pools hold all 4096 running sequences
+    per_worker = np.floor(comp["max_running"] / out["decode_workers"])
+    assert out["running_seqs"] == 4096
+    assert (out["decode_workers"] - 1) * per_worker < 4096 <= out["decode_workers"] * per_worker
+    assert out["gpus"] == 8 * (out["prefill_workers"] + out["decode_workers"])
 
 
 def test_cli_estimate_json_and_exit_codes(cli):

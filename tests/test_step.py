@@ -10,7 +10,7 @@ from model.errors import Infeasible
 from model.parallel import ParallelPlan
 from model.step import EngineFactors, build_step_model
 
-NO_OVERHEAD = EngineFactors(step_overhead_s=0.0, arrival_sync=1.0)
+NO_OVERHEAD = EngineFactors(step_overhead_s=0.0)
 
 
 def test_decode_step_at_least_weight_read_time():

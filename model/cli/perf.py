@@ -51,7 +51,9 @@ def register(app: typer.Typer) -> None:
         decode_workers: int = typer.Option(None, "--decode-workers"),
         max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens"),
         arrival: str = typer.Option("benchmark", "--arrival",
-                                    help="benchmark (fitted) | synchronized | staggered"),
+                                    help="benchmark (a burst first round, then the "
+                                    "engine's scheduler decides; model.closed_loop) | "
+                                    "synchronized | staggered"),
         spec_tokens: int = typer.Option(0, "--spec-tokens",
                                         help="MTP / speculative tokens per decode step"),
         spec_acceptance: float = typer.Option(0.0, "--spec-acceptance",
