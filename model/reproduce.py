@@ -242,31 +242,44 @@ def plan_peak(ctx: Context, arch: str, hardware: str, gpus: int, metric: str,
                    metric)
 
 
-def _step_model(arch: str, hardware: str, plan: dict[str, Any]):
+def _step_model(arch: str, hardware: str, plan: dict[str, Any], serving: bool = False):
+    """The step model of `plan` with the family's recipe (weights, KV dtype; with `serving`
+    also its speculative decoding, as `servecast plan` serves it)."""
     from model.architecture import load_architecture
     from model.hardware import load_hardware
     from model.parallel import ParallelPlan, validate_plan
+    from model.recipes import recipe_for
     from model.step import build_step_model
 
     a, hw, p = load_architecture(arch), load_hardware(hardware), ParallelPlan(**plan)
     validate_plan(a, hw, p)
-    return build_step_model(a, hw, p)
+    r = recipe_for(arch)
+    if r is None:
+        return build_step_model(a, hw, p)
+    spec = r.spec if serving else (0, 0.0, "mtp")
+    return build_step_model(a, hw, p, precision=r.precision, kv_dtype=r.kv_dtype,
+                            spec_tokens=spec[0], acceptance_length=spec[1], spec_method=spec[2])
 
 
 @predictor
 def threshold_effect(ctx: Context, arch: str, hardware: str, plan: dict[str, Any],
-                     threshold: int, metric: str) -> float:
-    """TPGS gain / P90 interactivity ratio of `--long-prefill-token-threshold` (model.serving)."""
+                     threshold: int, metric: str, interval: int = 1) -> float:
+    """TPGS gain at the SLO / P90 interactivity ratio of `--long-prefill-token-threshold`
+    (model.serving.threshold_effect, closed form), both policies at prefill cadence `interval`.
+    The ratio is taken at the load the threshold-on engine serves best under the SLO."""
     from model import serving
+    from model.policy import EnginePolicy
     from model.workload import load_workload
 
     def compute():
-        step = _step_model(arch, hardware, plan)
+        step = _step_model(arch, hardware, plan, serving=True)
         return serving.threshold_effect(step, load_workload(ctx.defaults["workload"]),
+                                        EnginePolicy(prefill_schedule_interval=int(interval)),
                                         threshold=threshold, slo_p90_interactivity=float(
                                             ctx.defaults["slo_p90_interactivity"]))
 
-    out = ctx.memo(("threshold", arch, hardware, tuple(sorted(plan.items())), threshold), compute)
+    out = ctx.memo(("threshold", arch, hardware, tuple(sorted(plan.items())), threshold,
+                    interval), compute)
     if out.get(metric) is None:
         raise ServecastError(f"threshold effect: no concurrency meets P90 >= "
                              f"{ctx.defaults['slo_p90_interactivity']} tok/s with and without "

@@ -933,8 +933,10 @@ def threshold_effect(step_model, workload: Workload, policy: EnginePolicy | None
 
     Both policies are swept over closed-loop concurrency; for each, the best TPGS whose P90
     interactivity meets the SLO (the seed's "TPGS @ P90 > 50 tok/s"). Reports the TPGS gain at
-    the SLO and the P90 interactivity ratio at the concurrency the threshold-off engine picks;
-    with `at_concurrency`, also both ratios at that fixed load (same sessions, same GPUs).
+    the SLO and the P90 interactivity ratio on / off at the load the threshold-on engine serves
+    best under the SLO (`p90_interactivity_ratio`; same sessions, same GPUs), and at the load
+    the threshold-off engine picks (`p90_interactivity_ratio_at_off`); with `at_concurrency`,
+    also both ratios at that fixed load.
     """
     policy = policy or EnginePolicy()
     concurrencies = list(concurrencies or default_concurrencies())
@@ -951,8 +953,12 @@ def threshold_effect(step_model, workload: Workload, policy: EnginePolicy | None
         out["tpgs_gain"] = best_on["tpgs"] / best_off["tpgs"] - 1.0
         same = on[on.concurrency == best_off["concurrency"]].iloc[0]
         if same.stable:
-            out["p90_interactivity_ratio"] = (same.p90_interactivity_tok_s
-                                              / best_off["p90_interactivity_tok_s"])
+            out["p90_interactivity_ratio_at_off"] = (same.p90_interactivity_tok_s
+                                                     / best_off["p90_interactivity_tok_s"])
+        base = off[off.concurrency == best_on["concurrency"]].iloc[0]
+        if base.stable and base.p90_interactivity_tok_s:
+            out["p90_interactivity_ratio"] = (best_on["p90_interactivity_tok_s"]
+                                              / base.p90_interactivity_tok_s)
     both = off.stable.to_numpy() & on.stable.to_numpy()
     if both.any():  # "up to": the largest gain over the loads both policies sustain
         ratio = on.tpgs.to_numpy(float)[both] / off.tpgs.to_numpy(float)[both]

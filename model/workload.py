@@ -161,7 +161,7 @@ class Workload(_Strict):
     hit_rate_source: str = ""
     # requests-kind profiles
     input_tokens: Distribution | None = None
-    output_tokens: Distribution
+    output_tokens: Distribution | None = None
     arrivals: Arrivals | None = None
     # sessions-kind profiles
     turns_per_session: Distribution | None = None
@@ -171,13 +171,23 @@ class Workload(_Strict):
     think_time_s: Distribution | None = None
     max_context_tokens: float = Field(default=1_000_000, gt=0)
     subagents: Subagents | None = None
+    # sessions resampled whole from a recorded trace (AgentX derived requests CSV, repository
+    # path) instead of generated from the distributions above
+    bootstrap: str | None = None
     checks: dict[str, float] = Field(default_factory=dict)  # published statistics to compare
 
     @model_validator(mode="after")
     def _kind_fields(self) -> Workload:
-        need = {"requests": ("input_tokens",),
+        need = {"requests": ("input_tokens", "output_tokens"),
                 "sessions": ("turns_per_session", "first_input_tokens", "context_growth_tokens",
-                             "think_time_s")}[self.kind]
+                             "think_time_s", "output_tokens")}[self.kind]
+        if self.bootstrap is not None:
+            if self.kind != "sessions":
+                raise ValueError("bootstrap applies to kind 'sessions' only")
+            if not (ROOT / self.bootstrap).is_file():
+                raise ValueError(f"bootstrap trace {self.bootstrap!r} not found under the "
+                                 "repository")
+            need = ()
         missing = [k for k in need if getattr(self, k) is None]
         if missing:
             raise ValueError(f"kind {self.kind!r} needs {', '.join(missing)}")
@@ -244,8 +254,37 @@ def _chain(rng, n_req: int, first: Distribution, growth: Distribution, reset_p: 
     return np.round(ctx), np.maximum(np.round(unc), 1.0)
 
 
+@functools.lru_cache(maxsize=4)
+def recorded_sessions(path: str) -> tuple[SessionSpec, ...]:
+    """Every trace of an AgentX derived requests CSV (columns trace_id, kind, t_s, in, out,
+    inf_cache_hit_tokens, think_time_s) as a session: its main and subagent requests in time
+    order; uncached = in - inf_cache_hit_tokens (the trace's own infinite-cache prefix hit),
+    gap = the recorded think time (0 before the first request)."""
+    import pandas as pd
+
+    cols = ["trace_id", "kind", "t_s", "in", "out", "inf_cache_hit_tokens", "think_time_s"]
+    try:
+        df = pd.read_csv(ROOT / path, usecols=cols)
+    except (OSError, ValueError) as err:
+        raise SpecError(path, "<root>", f"not an AgentX derived requests CSV ({err})") from None
+    df = df.sort_values(["trace_id", "t_s"], kind="stable")
+    out = []
+    for _, g in df.groupby("trace_id", sort=True):
+        ctx = np.maximum(g["in"].to_numpy(float), 1.0)
+        unc = np.clip(ctx - g["inf_cache_hit_tokens"].to_numpy(float), 1.0, ctx)
+        gap = np.nan_to_num(g["think_time_s"].to_numpy(float), nan=0.0)
+        gap[0] = 0.0
+        sub = (g["kind"] != "main").to_numpy()
+        out.append(SessionSpec(ctx, unc, np.maximum(g["out"].to_numpy(float), 1.0), gap, sub,
+                               np.cumsum(np.r_[False, sub[1:] & ~sub[:-1]]) * sub))
+    return tuple(out)
+
+
 def _draw_sessions(w: Workload, n: int, seed: int) -> list[SessionSpec]:
     rng = np.random.default_rng(seed)
+    if w.bootstrap is not None:  # whole recorded sessions, drawn with replacement
+        pool = recorded_sessions(w.bootstrap)
+        return [pool[i] for i in rng.integers(0, len(pool), n)]
     out: list[SessionSpec] = []
     if w.kind == "requests":
         ctx = np.maximum(np.round(w.input_tokens.sample(rng, n)), 1.0)

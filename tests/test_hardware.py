@@ -84,8 +84,12 @@ def test_values_match_cited_figures():
     assert h100.hbm_bandwidth_bytes_per_s == pytest.approx(3.35e12)
     # NVLink 4: 900 GB/s bidirectional -> 450 GB/s per direction.
     assert h100.scale_up_bandwidth_bytes_per_s == pytest.approx(900e9 / 2)
-    # DGX B200 user guide [S04]: 8 GPUs "provide 1,440 GB total GPU memory".
-    assert load_hardware("b200").hbm_bytes == pytest.approx(1440e9 / 8)
+    # DGX B200 user guide [S04]: 8 GPUs "provide 1,440 GB total GPU memory" (180 per GPU, in the
+    # binary units DRAM is sold in); nvidia-smi reports 183,359 MiB per B200 [S-smi].
+    assert load_hardware("b200").hbm_bytes == pytest.approx(183_359 * 2**20, rel=2e-4)
+    assert load_hardware("b200").hbm_bytes == pytest.approx(1440 / 8 * 2**30, rel=0.01)
+    # B300 SXM6 AC: nvidia-smi 275,040 MiB [S-smi]
+    assert load_hardware("b300").hbm_bytes == pytest.approx(275_040 * 2**20, rel=2e-4)
     # GB300 NVL72 rack: 1,080 PF dense NVFP4 over 72 GPUs [S05][S11].
     assert load_hardware("gb300").peak("fp4") == pytest.approx(1080e15 / 72)
     # MI300X: 2,100 MHz x 1,216 matrix cores x 256 FMA/clk x 2 FLOP = 1,307.4 TF bf16 [S03].
@@ -160,7 +164,7 @@ MALFORMED = {
     "number_as_string": (BASE.replace("value: 3.35, unit: TB/s", "value: 3.35e12, unit: B/s"),
                          "hbm_bandwidth.value", "got the text '3.35e12'"),
     "negative": (_mutated(lambda d: d["hbm_capacity_usable"].update(value=-80)),
-                 "hbm_capacity_usable.value", "out of range; allowed 8 to 2000 GB"),
+                 "hbm_capacity_usable.value", "out of range; allowed 7.45058 to 1862.65 GiB"),
     "wrong_unit": (_mutated(lambda d: d["hbm_capacity_usable"].update(unit="TB/s")),
                    "hbm_capacity_usable.unit", "allowed: B, GB, TB, GiB, TiB"),
     "unknown_rate": (_mutated(lambda d: d["peak_flops"].update(fp16=d["peak_flops"]["bf16"])),

@@ -60,12 +60,13 @@ def test_cost_table_is_internally_consistent():
 
 
 def test_workload_statistics_match_the_seed(workload_rows):
-    # Seed 000: median 43 turns, 142K median input, >96% hit rate, 44% sessions with subagents,
-    # median 4 subagent runs; the AgentX profile (fitted on 710 public cc-traces) must land
-    # within each claim's tolerance (15%, 15%, >= 96% - 1%, 15%, 25%).
+    # Seed 000: median 43 turns, 142K median input, 444 median output, >96% hit rate; the AgentX
+    # workload (the 710 public cc-traces resampled) must land within each claim's tolerance
+    # (15%, 15%, 15%, >= 96% - 1%). The input median is read token-weighted (137K on the
+    # corpus; request median 105K), the output median as the median session's mean (426; the
+    # request median is 216): research/workloads.md §1.6 and the claims' notes.
     for cid in ("workload.median_turns", "workload.median_input_tokens",
-                "workload.prefix_hit_rate", "workload.subagent_session_fraction",
-                "workload.median_subagent_runs"):
+                "workload.median_output_tokens", "workload.prefix_hit_rate"):
         row = workload_rows[cid]
         assert row["predicted"] is not None, row.get("reason")
         assert row["within_tolerance"], (cid, row["predicted"])
@@ -73,11 +74,21 @@ def test_workload_statistics_match_the_seed(workload_rows):
     assert workload_rows["workload.prefix_hit_rate"]["predicted"] >= 0.95
 
 
+def test_subagent_claims_are_not_in_the_public_corpus(workload_rows):
+    # Seed: 44% of sessions have subagents (median 4 runs). The public corpus the workload
+    # resamples has them in 17 of 710 traces (traces_derived.csv subagent_groups > 0), so the
+    # claim is reported as not reproduced rather than written into the workload.
+    row = workload_rows["workload.subagent_session_fraction"]
+    assert row["predicted"] == pytest.approx(17 / 710, abs=0.01)
+    assert not row["within_tolerance"]
+
+
 def test_rows_follow_the_contract(workload_rows):
     row = workload_rows["workload.median_input_tokens"]
     assert {"id", "quantity", "published", "predicted", "rel_error",
             "within_tolerance"} <= set(row)
     assert row["rel_error"] == pytest.approx((row["predicted"] - 142_000) / 142_000)
+    assert row["predicted"] == pytest.approx(137_000, rel=0.05)  # token-weighted, corpus
 
 
 def test_structural_kv_claims():
