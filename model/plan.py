@@ -63,7 +63,7 @@ DEFAULT_SCENARIO = {"arch": "deepseek-v4-pro", "hardware": "gb300-nvl72", "gpus"
                     "workload": "agentx", "slo_p90_interactivity": 50.0}
 DEFAULT_API_MODEL = "claude-opus-5"
 THRESHOLDS = (0, 512, 2048)
-INTERVALS = (1, 2)
+INTERVALS = (1, 2, 4, 8)  # prefill_schedule_interval (InferenceX DSv4 AgentX DEP lane: 8)
 DECODE_BATCHES = np.unique(np.round(np.geomspace(1, 1024, 40)))
 MODES = ("aggregated", "disaggregated")
 
@@ -789,11 +789,22 @@ def prefill_time_s(step, new_tokens: float, cached_tokens: float = 0.0,
     return float((t.sum() + (pp - 1) * t.max()) / pp)
 
 
-def step_model(arch, hardware, plan: ParallelPlan, precision=None, kv_dtype=None):
+def step_model(arch, hardware, plan: ParallelPlan, precision=None, kv_dtype=None,
+               speculative: bool = True):
+    """The step model of `plan` as `plan()` serves it: unset precision, KV dtype and (with
+    `speculative`) speculative decoding from the family's recipe (data/deployments/)."""
+    from model.recipes import recipe_for
     from model.step import build_step_model
 
     a, hw, _ = _load(arch, hardware, "agentx")
-    return build_step_model(a, hw, plan, precision=precision, kv_dtype=kv_dtype)
+    r = recipe_for(a.name)
+    spec = (0, 0.0, "mtp")
+    if r is not None:
+        precision = precision if precision is not None else r.precision
+        kv_dtype = kv_dtype if kv_dtype is not None else r.kv_dtype
+        spec = r.spec if speculative else spec
+    return build_step_model(a, hw, plan, precision=precision, kv_dtype=kv_dtype,
+                            spec_tokens=spec[0], acceptance_length=spec[1], spec_method=spec[2])
 
 
 def best_by_family(result: PlanResult, slo: float, mode: str = "aggregated") -> pd.DataFrame:
@@ -828,9 +839,10 @@ def decode_capacity_by_family(arch, hardware, gpus: int, context: float, output_
             continue
         b = DECODE_BATCHES * p.dp
         t = np.asarray(st.step_time_s(0.0, 0.0, b, context), float)
+        q = float(st.tokens_per_decode_step)
         kv_batch = float(np.asarray(st.kv_capacity_tokens(context))) / context
-        rate = b / (output_tokens * t)
-        ok = (1 / t >= slo) & (b <= kv_batch)
+        rate = b * q / (output_tokens * t)
+        ok = (q / t >= slo) & (b <= kv_batch)
         i = int(np.argmax(np.where(ok, rate, -1)))
         rows.append({"plan": p.label(), "family": plan_family(p),
                      "max_decode_batch": float(b[i]) if ok[i] else 0.0,
