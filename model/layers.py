@@ -10,7 +10,8 @@ the loader (`model.architecture`); everything downstream works on these frozen r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Literal
 
 AttentionKind = Literal[
@@ -142,10 +143,19 @@ class Architecture:
     hyper_connections: int = 1  # residual stream width multiplier (DeepSeek V4 mHC: 4)
     aliases: tuple[str, ...] = field(default=())
 
-    @property
+    def __hash__(self) -> int:
+        # computed once: architectures key many caches, and hashing ~100 nested layers on every
+        # lookup cost a second per deployment search
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            self.__dict__["_hash"] = h
+        return h
+
+    @cached_property
     def main_layers(self) -> tuple[Layer, ...]:
         return tuple(layer for layer in self.layers if not layer.mtp)
 
-    @property
+    @cached_property
     def mtp_layers(self) -> tuple[Layer, ...]:
         return tuple(layer for layer in self.layers if layer.mtp)

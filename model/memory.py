@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from model.dtypes import dtype
 from model.errors import Infeasible, ServecastError
 from model.kv import entry_bytes, indexer_key_bytes, state_bytes
 from model.layers import Architecture, Attention
+from model.ops import grouped_layers
 from model.parallel import ParallelPlan, kv_shard, normalize_plan
 from model.parallel import weight_bytes_per_gpu as sharded_weight_bytes
 
@@ -58,13 +60,15 @@ class KVSpec:
         return np.floor(context / self.unit_tokens) if self.unit_tokens > 1 else context
 
 
+@lru_cache(maxsize=1024)
 def kv_specs(arch: Architecture, plan: ParallelPlan = SINGLE_GPU, kv_dtype: str | None = None,
              indexer_dtype: str | None = None) -> tuple[KVSpec, ...]:
-    """The KV specs of one GPU's share of the main layers (MTP excluded)."""
+    """The KV specs of one GPU's share of the main layers (MTP excluded); pure in its frozen
+    inputs, so memoized (a deployment search asks for every plan's)."""
     fmt = kv_dtype or arch.default_kv_dtype
     counts: dict[Attention, int] = {}
-    for layer in arch.main_layers:
-        counts[layer.attention] = counts.get(layer.attention, 0) + 1
+    for layer, n in grouped_layers(arch.main_layers):
+        counts[layer.attention] = counts.get(layer.attention, 0) + n
     specs: list[KVSpec] = []
     for att, count in counts.items():
         layers = count / plan.pp

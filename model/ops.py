@@ -291,11 +291,24 @@ def layer_signature(layer: Layer) -> tuple:
     return (layer.attention, layer.mlp, layer.mtp)
 
 
+_GROUPS: dict = {}  # id(layers tuple) -> (layers, groups): identity-checked
+
+
 def grouped_layers(layers) -> list[tuple[Layer, int]]:
+    """(layer, count) per distinct layer signature, in first-seen order (memoized per tuple:
+    hashing the nested layer dataclasses is what costs)."""
+    hit = _GROUPS.get(id(layers))
+    if hit is not None and hit[0] is layers:
+        return hit[1]
     groups: dict[tuple, list] = {}
     for layer in layers:
         groups.setdefault(layer_signature(layer), [layer, 0])[1] += 1
-    return [(g[0], g[1]) for g in groups.values()]
+    out = [(g[0], g[1]) for g in groups.values()]
+    if isinstance(layers, tuple):
+        if len(_GROUPS) > 512:
+            _GROUPS.clear()
+        _GROUPS[id(layers)] = (layers, out)
+    return out
 
 
 def layer_ops(layer: Layer, count: int, step: Step, kv_dtype: str, width: int,

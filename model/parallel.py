@@ -175,23 +175,40 @@ def kv_duplication(att: Attention, plan: ParallelPlan) -> float:
 def weight_bytes_per_gpu(arch: Architecture, plan: ParallelPlan, with_mtp: bool = False) -> float:
     """Weights one GPU holds: dense parts / tp (replicated ones whole), experts / (moe_tp*ep),
     vocabulary-parallel embedding and LM head / tp, layers / pp (first/last stage: the mean)."""
-    total = 0.0
-    for layer in arch.main_layers:
+    sharded, replicated, experts, heads = _weight_classes(arch, with_mtp)
+    return ((sharded / plan.tp + replicated + experts / (plan.moe_tp * plan.ep)) / plan.pp
+            + heads / plan.tp / plan.pp)
+
+
+_WEIGHT_CLASSES: dict = {}  # id(arch) -> (arch, with_mtp, totals): identity-checked
+
+
+def _weight_classes(arch: Architecture, with_mtp: bool) -> tuple[float, float, float, float]:
+    """(TP-sharded, replicated, routed-expert, embedding + LM head) weight bytes of the
+    architecture, summed once per architecture object (plans only divide them)."""
+    key = (id(arch), with_mtp)
+    hit = _WEIGHT_CLASSES.get(key)
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    sharded = replicated = experts = 0.0
+    for layer in arch.main_layers + (arch.mtp_layers if with_mtp else ()):
         for lin in layer.attention.projections + layer.mlp.projections:
-            total += lin.params * dtype(lin.dtype).bytes / linear_shard(lin, plan)
+            b = lin.params * dtype(lin.dtype).bytes
+            if _tp_sharded(lin):
+                sharded += b
+            else:
+                replicated += b
         ex = layer.mlp.experts
         if ex is not None:
-            total += ex.params * dtype(ex.dtype).bytes / (plan.moe_tp * plan.ep)
-    for layer in arch.mtp_layers if with_mtp else ():  # loaded only for speculative decoding
-        for lin in layer.attention.projections + layer.mlp.projections:
-            total += lin.params * dtype(lin.dtype).bytes / linear_shard(lin, plan)
-        if layer.mlp.experts is not None:
-            ex = layer.mlp.experts
-            total += ex.params * dtype(ex.dtype).bytes / (plan.moe_tp * plan.ep)
+            experts += ex.params * dtype(ex.dtype).bytes
     heads = arch.embedding.params * dtype(arch.embedding.dtype).bytes
     if not arch.tie_word_embeddings:
         heads += arch.lm_head.params * dtype(arch.lm_head.dtype).bytes
-    return total / plan.pp + heads / plan.tp / plan.pp
+    totals = (sharded, replicated, experts, heads)
+    if len(_WEIGHT_CLASSES) > 256:
+        _WEIGHT_CLASSES.clear()
+    _WEIGHT_CLASSES[key] = (arch, totals)
+    return totals
 
 
 # ---- collectives --------------------------------------------------------------------------------

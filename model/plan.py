@@ -172,7 +172,7 @@ def traffic_for(workload, hit_rate: float | None = None) -> Traffic:
     if key not in _TRAFFIC_CACHE:
         _TRAFFIC_CACHE[key] = traffic_from_workload(workload, hit_rate=hit_rate)
     return _TRAFFIC_CACHE[key]
-GRID = {"p_max_per_rank": 8192, "b_max": 65536, "points": 36}
+GRID = {"p_max_per_rank": 8192, "b_max": 65536, "points": 24}
 
 
 def _plan_models(arch, hw, sizes, phases, traffic, precision, kv_dtype, chunk,

@@ -113,17 +113,27 @@ class StepTable:
         t = np.broadcast_to(t, p.shape).copy()
         t[0, 0] = t[0, 1]  # an empty step never runs; keep the table monotone
         self.tables = t[None]
-        # the same grid with all prefill tokens on one DP rank (the others decode and wait)
-        dp = int(getattr(getattr(step_model, "plan", None), "dp", 1) or 1)
-        if dp > 1:
-            one = np.asarray(step_model.step_time_s(p, context, b, context, seqs,
-                                                    prefill_ranks=1.0), float)
-            one = np.broadcast_to(one, p.shape).copy()
-            one[0, 0] = one[0, 1]
-        else:
-            one = t
-        self.tables_one = one[None]
+        self._one_args = (context, seqs)
+        self._tables_one = None
         self._lp, self._lb = np.log1p(self.p_grid), np.log1p(self.b_grid)
+
+    @property
+    def tables_one(self) -> np.ndarray:
+        """The same grid with all prefill tokens on one DP rank (the others decode and wait);
+        built on first use (only aggregated DEP candidates need it)."""
+        if self._tables_one is None:
+            dp = int(getattr(getattr(self.step_model, "plan", None), "dp", 1) or 1)
+            if dp > 1:
+                context, seqs = self._one_args
+                p, b = np.meshgrid(self.p_grid, self.b_grid, indexing="ij")
+                one = np.asarray(self.step_model.step_time_s(p, context, b, context, seqs,
+                                                             prefill_ranks=1.0), float)
+                one = np.broadcast_to(one, p.shape).copy()
+                one[0, 0] = one[0, 1]
+                self._tables_one = one[None]
+            else:
+                self._tables_one = self.tables
+        return self._tables_one
 
     @classmethod
     def stack(cls, tables: list[StepTable]) -> StepTable:
@@ -136,7 +146,7 @@ class StepTable:
         out.step_model = None
         out.p_grid, out.b_grid, out._lp, out._lb = first.p_grid, first.b_grid, first._lp, first._lb
         out.tables = np.concatenate([t.tables for t in tables])
-        out.tables_one = np.concatenate([t.tables_one for t in tables])
+        out._tables_one = np.concatenate([t.tables_one for t in tables])
         return out
 
     def __call__(self, prefill_tokens, decode_seqs, which=0) -> np.ndarray:
