@@ -313,10 +313,14 @@ def _cache_terms(pm: _PlanModel, arch, hw, kv_dtype, workload, sessions, cache: 
 
 def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int, concurrency,
                       thresholds, intervals, kv_bytes_per_token: float,
-                      max_num_batched_tokens: int = 8192, cache_inputs=None) -> pd.DataFrame:
+                      max_num_batched_tokens: int = 8192, cache_inputs=None,
+                      slo: float | None = None, refine: int = 8) -> pd.DataFrame:
     """Every (plan, threshold, interval, concurrency) of aggregated replicas, in one array pass.
     `cache_inputs` = (arch, kv_dtype, workload, CacheSetup): hit rates answer to each plan's tier
-    capacities and the policy (model.search_cache); None keeps the infinite-cache hit rate."""
+    capacities and the policy (model.search_cache); None keeps the infinite-cache hit rate.
+    With `slo`, each (plan, knobs) gets `refine` more concurrencies between its last grid point
+    meeting the SLO and the next one: TPGS at the SLO is set by that edge, and a coarse grid
+    would rank plans by where the grid happens to fall."""
     usable = [pm for pm in models if gpus % pm.plan.gpus == 0]
     if not usable:
         return pd.DataFrame()
@@ -329,11 +333,34 @@ def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int,
                     continue  # the interval only aligns prefill across DP ranks
                 rows.append((k, thr, interval))
     combo = np.array(rows, float)
-    conc = np.asarray(concurrency, float)
-    k = np.repeat(combo[:, 0].astype(int), len(conc))
-    thr = np.repeat(combo[:, 1], len(conc))
-    interval = np.repeat(combo[:, 2], len(conc))
-    c = np.tile(conc, len(combo))
+    conc = np.sort(np.asarray(concurrency, float))
+    which = np.repeat(np.arange(len(combo)), len(conc))
+    args = (usable, table, hw, traffic, gpus, kv_bytes_per_token, max_num_batched_tokens,
+            cache_inputs)
+    frame = _aggregated_frame(*args, combo[which], np.tile(conc, len(combo)))
+    if slo is None or refine <= 0 or len(conc) < 2:
+        return frame
+    ok = (frame["feasible"] & (frame["p90_interactivity_tok_s"] >= slo)).to_numpy()
+    ok = ok.reshape(len(combo), len(conc))
+    edge = np.where(ok.any(axis=1), len(conc) - 1 - np.argmax(ok[:, ::-1], axis=1), -1)
+    sel = (edge >= 0) & (edge < len(conc) - 1)
+    if not sel.any():
+        return frame
+    lo, hi = conc[edge[sel]], conc[edge[sel] + 1]
+    steps = np.arange(1, refine + 1) / (refine + 1)
+    fine = np.round(lo[:, None] + (hi - lo)[:, None] * steps[None, :])
+    keep = (fine > lo[:, None]) & (fine < hi[:, None])
+    idx = np.repeat(np.flatnonzero(sel), refine)[keep.ravel()]
+    extra = _aggregated_frame(*args, combo[idx], fine.ravel()[keep.ravel()])
+    return pd.concat([frame, extra], ignore_index=True)
+
+
+def _aggregated_frame(usable, table, hw, traffic: Traffic, gpus: int, kv_bytes_per_token: float,
+                      max_num_batched_tokens: int, cache_inputs, combos: np.ndarray,
+                      c: np.ndarray) -> pd.DataFrame:
+    """Candidates for explicit rows: combos (model index, threshold, interval) x concurrency."""
+    k = combos[:, 0].astype(int)
+    thr, interval = combos[:, 1], combos[:, 2]
     attr = lambda f: np.array([f(pm) for pm in usable], float)[k]  # noqa: E731
     replicas = attr(lambda pm: gpus // pm.plan.gpus)
     miss, lower, hit = 0.0, None, np.full(len(c), traffic.hit_rate)
@@ -344,6 +371,8 @@ def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int,
         miss, lower, reload = np.zeros(len(c)), np.zeros(len(c)), np.zeros(len(c))
         for i, pm in enumerate(usable):
             sel = k == i
+            if not sel.any():
+                continue
             m, lo, h, rl = _cache_terms(pm, arch, hw, kv_dtype, workload,
                                         c[sel] / replicas[sel], setup)
             miss[sel], lower[sel], hit[sel], reload[sel] = m, lo, h, rl
@@ -575,7 +604,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
         models_by_id.update({id(m): m for m in agg_models})
         frames.append(search_aggregated(agg_models, hw, traffic, gpus, concurrency, thresholds,
                                         INTERVALS, kv_per_token, max_num_batched_tokens,
-                                        cache_inputs))
+                                        cache_inputs, slo=slo_p90_interactivity))
     if "disaggregated" in modes and gpus >= 2:
         phw = hw if prefill_hardware is None else _load(a, prefill_hardware, w)[1]
         sizes = _sizes(gpus - 1, False)
