@@ -10,6 +10,11 @@ folder holds `headline.json` and the completion marker `.done` (written last, re
 parameters), so a rerun skips finished scenarios and an interrupted one is simply run again.
 A failing scenario becomes one `failed` row carrying its error; the others finish.
 `summary.csv` and `summary.parquet` are rewritten atomically after the batch.
+
+Interrupts (Ctrl-C, SIGTERM): worker processes run in their own process group, so the terminal's
+Ctrl-C reaches only the batch process, which stops the workers and their kernels, writes the
+summary of what finished (the rest are `interrupted` rows) and raises `BatchInterrupted`: one
+line on stderr from the CLI, a non-zero exit, no traceback. A rerun resumes.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import itertools
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -35,8 +42,10 @@ from model import ROOT
 from model.errors import ServecastError, SpecError
 from model.nbio import (
     HEADLINE,
+    KERNEL_LOG,
     execute_notebook,
     fast_notebook_imports,
+    kill_kernels,
     notebook_path,
     publish,
     read_headline,
@@ -51,8 +60,14 @@ SUMMARY = "summary"
 FIGURE_SUFFIXES = (".png", ".svg")
 KERNEL_START_RETRIES = 1
 # Columns every summary row has, before the parameters and the headline numbers.
-BASE_COLUMNS = ("scenario", "status", "error", "elapsed_s", "output_dir", "executed_notebook",
-                "figures")
+BASE_COLUMNS = ("scenario", "status", "error", "elapsed_s", "skipped", "output_dir",
+                "executed_notebook", "figures")
+INTERRUPTED = "interrupted"
+WORKER_STOP_WAIT_S = 5.0  # after SIGTERM, how long a worker gets before SIGKILL
+
+
+class BatchInterrupted(ServecastError):
+    """The batch was interrupted; finished scenarios are kept and a rerun resumes."""
 
 
 @dataclass(frozen=True)
@@ -238,28 +253,51 @@ def is_finished(folder: Path, parameters: dict[str, Any]) -> bool:
     return recorded == _plain(parameters)
 
 
+def _clear_leftovers(folder: Path) -> None:
+    """Temporary files an interrupted run left behind (`.<name>.<random>` from mkstemp, the
+    staged notebook, the kernel log): hidden files only, never results."""
+    for path in folder.glob(".*"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+
+
+def recorded_elapsed_s(folder: Path) -> float:
+    """The run time a finished scenario recorded in its completion marker (NaN if unknown)."""
+    try:
+        return float(json.loads((folder / DONE).read_text()).get("elapsed_s", float("nan")))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return float("nan")
+
+
 def run_scenario(notebook: str, scenario_dir: str, parameters: dict[str, Any],
                  timeout_s: int = 600) -> dict[str, Any]:
     """Run one scenario; never raises (a failure is returned as a row). Picklable for workers."""
     folder = Path(scenario_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / DONE).unlink(missing_ok=True)
+    _clear_leftovers(folder)  # also removes the completion marker
     (folder / HEADLINE).unlink(missing_ok=True)  # a stale headline must not pass as this run's
+    (folder / "error.txt").unlink(missing_ok=True)
     start = time.perf_counter()
     for attempt in range(1 + KERNEL_START_RETRIES):
         try:
             headline = execute_notebook(Path(notebook), parameters, folder, timeout_s)
             status, error = "succeeded", ""
+            elapsed = time.perf_counter() - start
             write_atomic(folder / DONE, json.dumps({"parameters": _plain(parameters),
+                                                    "elapsed_s": elapsed,
                                                     "finished_unix_s": time.time()}))
             break
         except Exception as err:  # isolate: any failure inside the scenario is its row's error
             headline, status, error = {}, "failed", error_line(err)
+            elapsed = time.perf_counter() - start
             if not _kernel_start_failure(err) or attempt == KERNEL_START_RETRIES:
+                log = folder / KERNEL_LOG
+                if "Kernel died" in error and log.is_file() and log.stat().st_size:
+                    error = f"{error} (kernel log: {log})"
                 write_atomic(folder / "error.txt", error + "\n")
                 break
-    return {"status": status, "error": error, "elapsed_s": time.perf_counter() - start,
-            "headline": headline}
+    # the time the marker records, so a skipped rerun reports the same number
+    return {"status": status, "error": error, "elapsed_s": elapsed, "headline": headline}
 
 
 # ---------------------------------------------------------------- the batch
@@ -268,7 +306,19 @@ def run_scenario(notebook: str, scenario_dir: str, parameters: dict[str, Any],
 def run_batch(grid_path: str | Path, out_dir: str | Path, workers: int | None = None,
               scheduler: str | None = None, progress: bool = True,
               timeout_s: int = 600) -> BatchResult:
-    """Run every unfinished scenario of a grid; write summary.csv/.parquet; return the counts."""
+    """Run every unfinished scenario of a grid; write summary.csv/.parquet; return the counts.
+
+    Ctrl-C or SIGTERM stops the workers and raises `BatchInterrupted` (a `ServecastError`, so
+    the CLI prints one line and exits non-zero) after writing the summary of what finished."""
+    with _sigterm_as_interrupt():
+        try:
+            return _run_batch(grid_path, out_dir, workers, scheduler, progress, timeout_s)
+        except KeyboardInterrupt:  # before any scenario started (loading the grid)
+            raise BatchInterrupted("batch interrupted before any scenario ran; nothing was "
+                                   "written") from None
+
+
+def _run_batch(grid_path, out_dir, workers, scheduler, progress, timeout_s) -> BatchResult:
     grid = load_grid(grid_path)
     out = Path(out_dir)
     scenarios = grid.scenarios()
@@ -277,7 +327,8 @@ def run_batch(grid_path: str | Path, out_dir: str | Path, workers: int | None = 
     todo = []
     for s in scenarios:
         if is_finished(folders[s.id], s.parameters):
-            results[s.id] = {"status": "succeeded", "error": "", "elapsed_s": 0.0, "skipped": True,
+            results[s.id] = {"status": "succeeded", "error": "", "skipped": True,
+                             "elapsed_s": recorded_elapsed_s(folders[s.id]),
                              "headline": read_headline(folders[s.id])}
         else:
             todo.append(s)
@@ -286,20 +337,73 @@ def run_batch(grid_path: str | Path, out_dir: str | Path, workers: int | None = 
     runner = _run_dask if scheduler else _run_processes
     from tqdm import tqdm
 
-    with tqdm(total=len(scenarios), initial=len(scenarios) - len(todo), unit="scenario",
-              desc=grid.notebook.stem, file=sys.stderr, disable=not progress) as bar:
-        def done(sid: str, row: dict[str, Any]) -> None:
-            results[sid] = row
-            bar.update(1)
+    interrupted = False
+    try:
+        with tqdm(total=len(scenarios), initial=len(scenarios) - len(todo), unit="scenario",
+                  desc=grid.notebook.stem, file=sys.stderr, disable=not progress) as bar:
+            def done(sid: str, row: dict[str, Any]) -> None:
+                results[sid] = row
+                bar.update(1)
 
-        if jobs:
-            runner(jobs, done, workers=workers, scheduler=scheduler)
-    summary = summarize(scenarios, results, folders)
-    summary_path = write_summary(summary, out)
+            if jobs:
+                runner(jobs, done, workers=workers, scheduler=scheduler)
+    except KeyboardInterrupt:
+        interrupted = True
+    for s in scenarios:  # scenarios the interrupt stopped or never started
+        results.setdefault(s.id, {"status": INTERRUPTED, "elapsed_s": float("nan"),
+                                  "error": "interrupted before it finished; rerun to resume"})
+    with _no_interrupts():  # a second Ctrl-C must not tear the summary
+        summary = summarize(scenarios, results, folders)
+        summary_path = write_summary(summary, out)
     counts = summary["status"].value_counts()
+    succeeded, failed = int(counts.get("succeeded", 0)), int(counts.get("failed", 0))
+    if interrupted:
+        left = int(counts.get(INTERRUPTED, 0))
+        raise BatchInterrupted(
+            f"batch interrupted: {succeeded + failed} of {len(scenarios)} scenarios finished "
+            f"({succeeded} succeeded, {failed} failed); summary in {summary_path}; rerun the "
+            f"same command to run the other {left}")
     skipped = sum(1 for r in results.values() if r.get("skipped"))
-    return BatchResult(len(scenarios), int(counts.get("succeeded", 0)),
-                       int(counts.get("failed", 0)), skipped, summary_path, summary)
+    return BatchResult(len(scenarios), succeeded, failed, skipped, summary_path, summary)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class _sigterm_as_interrupt:  # noqa: N801 - used as a context manager
+    """SIGTERM (a scheduler or `kill` stopping the batch) takes the Ctrl-C path."""
+
+    def __enter__(self):
+        self.previous = None
+        if _in_main_thread():
+            self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class _no_interrupts:  # noqa: N801 - used as a context manager
+    """Hold off SIGINT/SIGTERM while the summary is written (both are atomic and quick)."""
+
+    def __enter__(self):
+        self.previous = {}
+        if _in_main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, signal.SIG_IGN)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
 
 
 def worker_context():
@@ -316,18 +420,50 @@ def _default_workers(n_jobs: int) -> int:
     return max(1, min(n_jobs, os.cpu_count() or 1))
 
 
+def _worker_init() -> None:
+    """Each worker leads its own process group: the terminal's Ctrl-C (sent to the foreground
+    group) reaches only the batch process, which then stops the workers deliberately. SIGTERM
+    from the batch process kills this worker's kernels and ends it without a traceback."""
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop_worker)
+
+
+def _stop_worker(signum, frame) -> None:
+    kill_kernels()
+    os._exit(128 + signum)
+
+
+def _stop_workers(processes: list) -> None:
+    """SIGTERM every worker (it kills its kernel and exits), SIGKILL any that lingers."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + WORKER_STOP_WAIT_S
+    for process in processes:
+        process.join(max(deadline - time.monotonic(), 0.0))
+        if process.is_alive():
+            process.kill()
+            process.join(1.0)
+
+
 def _run_processes(jobs: list[tuple[str, tuple]], done: Callable[[str, dict], None], *,
                    workers: int | None, scheduler: str | None = None) -> None:
     n = workers or _default_workers(len(jobs))
     if n < 1:
         raise ServecastError(f"--workers must be >= 1, got {n}")
-    pool = ProcessPoolExecutor(max_workers=n, mp_context=worker_context())
+    pool = ProcessPoolExecutor(max_workers=n, mp_context=worker_context(),
+                               initializer=_worker_init)
     try:
         futures = {pool.submit(run_scenario, *args): sid for sid, args in jobs}
         for future in as_completed(futures):
             done(futures[future], _collect(future))
-    except BaseException:  # Ctrl-C: drop queued scenarios; finished ones keep their markers
-        pool.shutdown(wait=False, cancel_futures=True)
+    except BaseException:  # Ctrl-C: drop queued scenarios, stop running ones (no .done marker)
+        with _no_interrupts():
+            # shutdown() forgets the worker processes, so take them first
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            _stop_workers(processes)
         raise
     pool.shutdown()
 
@@ -346,6 +482,9 @@ def _run_dask(jobs: list[tuple[str, tuple]], done: Callable[[str, dict], None], 
                                  pure=False): sid for sid, args in jobs}
         for future in dask_completed(list(futures)):
             done(futures[future], _collect(future))
+    except KeyboardInterrupt:  # drop what has not started; running tasks finish on the cluster
+        client.cancel(list(futures))
+        raise
     finally:
         client.close()
 
@@ -381,7 +520,8 @@ def summarize(scenarios: Iterable[Scenario], results: dict[str, dict[str, Any]],
                          and not p.name.startswith("."))
         row: dict[str, Any] = {
             "scenario": s.id, "status": result["status"], "error": result["error"],
-            "elapsed_s": round(float(result["elapsed_s"]), 3), "output_dir": str(folder),
+            "elapsed_s": round(float(result["elapsed_s"]), 3),
+            "skipped": bool(result.get("skipped", False)), "output_dir": str(folder),
             "executed_notebook": str(executed[0]) if executed else "",
             "figures": ";".join(figures),
         }

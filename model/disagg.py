@@ -4,7 +4,8 @@ decode workers, and the AgentX post's two-stage P/D method (research/theory.md �
 1. saturation analysis: the maximum request rate of prefill-only and decode-only configurations
    (each parallel plan and size), decode under the interactivity SLO and its KV capacity;
 2. P/D ratio: `x` prefill and `y` decode instances serve `min(x*lam_P, y*lam_D)` requests/s;
-   the rate-matched ratio is `x/y = lam_D/lam_P` (theory.md §7 throughput rate matching).
+   the rate-matched ratio is `x/y = lam_D/lam_P` (theory.md §7 throughput rate matching);
+   `xpyd_rates` / `ratio_sweep` tabulate it for one plan pair over instance counts or budgets.
 
 All rate functions are numpy-vectorized over batches and instance counts.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from model.errors import ServecastError
 from model.parallel import ParallelPlan
@@ -197,3 +199,52 @@ def mdl_wait_s(service_s, utilization):
     with np.errstate(divide="ignore", invalid="ignore"):
         wait = rho * np.asarray(service_s, float) / (2.0 * (1.0 - rho))
     return np.where(rho < 1.0, wait, np.inf)
+
+
+def xpyd_rates(x, y, prefill_rps: float, prefill_gpus: int, decode_rps: float,
+               decode_gpus: int, tokens_per_request: float | None = None) -> pd.DataFrame:
+    """Stage 2 for one (prefill plan, decode plan) pair at the given instance counts.
+
+    `prefill_rps` / `decode_rps` are the stage-1 saturation rates of one instance. Each row:
+    the GPUs used, the P:D instance ratio, each stage's capacity, the system rate
+    `min(x*lam_P, y*lam_D)` and which stage limits it, the share of the faster stage left idle,
+    and (with `tokens_per_request`, input incl. cached + output) TPGS = rate * tokens / GPUs,
+    as the search counts it. `x` may be fractional to trace the continuous ratio curve."""
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    x, y = np.broadcast_arrays(x, y)
+    p_cap, d_cap = x * prefill_rps, y * decode_rps
+    rate = system_rate_rps(x, y, prefill_rps, decode_rps)
+    gpus = x * prefill_gpus + y * decode_gpus
+    out = pd.DataFrame({
+        "x": x, "y": y, "gpus": gpus, "p_per_d": x / y,
+        "prefill_gpu_share": x * prefill_gpus / gpus,
+        "prefill_capacity_rps": p_cap, "decode_capacity_rps": d_cap, "rate_rps": rate,
+        "rps_per_gpu": rate / gpus,
+        "limit": np.where(p_cap < d_cap, "prefill", "decode"),
+        "idle_fraction": 1.0 - rate / np.maximum(np.maximum(p_cap, d_cap), 1e-300),
+    })
+    if tokens_per_request is not None:
+        out["tpgs"] = rate * float(tokens_per_request) / gpus
+    return out
+
+
+def ratio_sweep(prefill_rps: float, prefill_gpus: int, decode_rps: float, decode_gpus: int,
+                budgets, tokens_per_request: float | None = None) -> pd.DataFrame:
+    """Every xPyD deployment of one plan pair that uses exactly one of `budgets` GPUs (the
+    search's rule: idle GPUs serve nothing), with its stage-2 rates (`xpyd_rates`), a
+    `budget_gpus` column and a `label` such as "2P1D". Budgets no (x, y) >= 1 fills are left
+    out."""
+    parts = []
+    for budget in sorted({int(b) for b in np.atleast_1d(budgets)}):
+        xs, ys = xpyd_grid(int(prefill_gpus), int(decode_gpus), budget, exact=True)
+        if len(xs):
+            parts.append(xpyd_rates(xs, ys, prefill_rps, prefill_gpus, decode_rps, decode_gpus,
+                                    tokens_per_request).assign(budget_gpus=budget))
+    if not parts:
+        return xpyd_rates([], [], prefill_rps, prefill_gpus, decode_rps, decode_gpus,
+                          tokens_per_request).assign(budget_gpus=0, label="")
+    out = pd.concat(parts, ignore_index=True)
+    out[["x", "y", "gpus"]] = out[["x", "y", "gpus"]].astype(int)
+    out["label"] = out["x"].astype(str) + "P" + out["y"].astype(str) + "D"
+    return out

@@ -7,6 +7,7 @@ outputs). Running one converts it to .ipynb, executes it with papermill and read
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -74,9 +75,60 @@ def fast_notebook_imports() -> None:
         sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 
+KERNEL_LOG = ".kernel.log"
+# Kernels this process started and has not yet seen exit: Popen -> connection file. A batch
+# worker that is told to stop kills them (`kill_kernels`) before it exits.
+_LIVE_KERNELS: dict[Any, str] = {}
+
+
+def _kernel_manager_class(log_path: Path, started: list):
+    """An nbclient kernel manager whose kernel writes its own stdout/stderr to `log_path`.
+
+    The kernel process logs to the terminal otherwise: ipykernel's transport warning at start,
+    `KeyboardInterrupt caught in kernel` when jupyter_client interrupts it before every
+    shutdown, and any fd-level print, which would land in `servecast batch --json`'s stdout."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class LoggedKernelManager(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            with open(log_path, "ab") as log:
+                kw["stdout"] = kw["stderr"] = log
+                await super()._async_launch_kernel(kernel_cmd, **kw)
+            process = getattr(self.provisioner, "process", None)
+            if process is not None:
+                started.append(process)
+                _LIVE_KERNELS[process] = self.connection_file
+
+    return LoggedKernelManager
+
+
+def _reap(process) -> None:
+    """Kill a kernel that outlived its run (its own session: kill the whole group)."""
+    import signal
+
+    connection_file = _LIVE_KERNELS.pop(process, "")
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            process.kill()
+        with contextlib.suppress(Exception):  # best effort; the OS reaps it with its parent
+            process.wait(timeout=5)
+    if connection_file:
+        Path(connection_file).unlink(missing_ok=True)
+
+
+def kill_kernels() -> None:
+    """Kill every kernel this process started that is still running (batch workers on stop)."""
+    for process in list(_LIVE_KERNELS):
+        _reap(process)
+
+
 def execute_notebook(notebook: Path, parameters: dict[str, Any], output_dir: str | Path,
                      timeout_s: int = 600) -> dict[str, Any]:
-    """Papermill-run one jupytext notebook file into `output_dir`; return its headline numbers."""
+    """Papermill-run one jupytext notebook file into `output_dir`; return its headline numbers.
+
+    The kernel's own log goes to `output_dir/.kernel.log`, kept only when the run fails."""
     fast_notebook_imports()
     import jupytext
     import papermill
@@ -88,17 +140,24 @@ def execute_notebook(notebook: Path, parameters: dict[str, Any], output_dir: str
                                      "language": "python"}
     staged = out / f".{notebook.stem}.input.ipynb"
     jupytext.write(source, staged, fmt="ipynb")
+    log = out / KERNEL_LOG
+    log.unlink(missing_ok=True)
+    started: list = []
     try:
         papermill.execute_notebook(
             str(staged), str(out / f"{notebook.stem}.ipynb"),
             parameters={**parameters, "output_dir": str(out)},
             kernel_name="python3", cwd=str(ROOT), progress_bar=False,
             execution_timeout=timeout_s, log_output=False,
+            kernel_manager_class=_kernel_manager_class(log, started),
         )
     finally:
+        for process in started:
+            _reap(process)
         staged.unlink(missing_ok=True)
     if not (out / HEADLINE).is_file():
         raise ServecastError(f"{notebook.name} finished without writing {HEADLINE}")
+    log.unlink(missing_ok=True)
     return read_headline(out)
 
 

@@ -49,13 +49,23 @@ long = pd.concat([
                   "predicted": ok["pred_tpot_ms"], group_by: ok[group_by]}),
 ])
 base = alt.Chart(long).encode(
-    x=alt.X("measured:Q", scale=alt.Scale(type="log")),
-    y=alt.Y("predicted:Q", scale=alt.Scale(type="log")))
-scatter = alt.layer(
-    base.mark_point(size=18, opacity=0.5).encode(color=f"{group_by}:N"),
-    base.mark_line(color="#555555").encode(y="measured:Q"),
-).properties(width=260, height=260).facet(column="metric:N").resolve_scale(x="independent",
-                                                                            y="independent")
+    x=alt.X("measured:Q", title="measured (ms)",
+            scale=alt.Scale(type="log", nice=False, padding=6), axis=alt.Axis(format="~s")),
+    y=alt.Y("predicted:Q", title="predicted (ms)",
+            scale=alt.Scale(type="log", nice=False, padding=6), axis=alt.Axis(format="~s")))
+identity = base.mark_line(color="#555555", strokeDash=[4, 3]).encode(
+    y=alt.Y("measured:Q", title="predicted (ms)"))
+scatter = charts.titled(
+    alt.layer(
+        base.mark_point(size=18, opacity=0.5, filled=True).encode(
+            color=charts.series_color(group_by, long)),
+        identity,
+    ).properties(width=300, height=300).facet(
+        column=alt.Column("metric:N", title=None, header=alt.Header(labelFontSize=13)))
+    .resolve_scale(x="independent", y="independent"),
+    f"Predicted vs measured over {summary['predicted']:,} runs: median error TTFT "
+    f"{summary['ttft_median_ape']:.0%}, TPOT {summary['tpot_median_ape']:.0%}",
+    f"{Path(results).name}; dashed: prediction = measurement; log axes")
 charts.save(scatter, Path(output_dir) / "measured_vs_predicted")
 scatter
 
@@ -69,8 +79,12 @@ if not rows:  # groups the summary does not pre-compute
         rows += [{group_by: name, "metric": "TTFT", "median APE": sub["ttft_ape"].median()},
                  {group_by: name, "metric": "TPOT", "median APE": sub["tpot_ape"].median()}]
 errors = pd.DataFrame(rows).dropna()
-bars = charts.bar_chart(errors, group_by, "median APE", "metric",
-                        title=f"Median absolute percentage error by {group_by}")
+worst = errors.sort_values("median APE", ascending=False).iloc[0]
+bars = charts.bar_chart(errors, group_by, "median APE", "metric", value_format=".0%",
+                        y_title="median absolute error (share of measured)",
+                        title=f"Largest median error: {worst['metric']} on {worst[group_by]} "
+                              f"({worst['median APE']:.0%})",
+                        subtitle=f"median |predicted - measured| / measured per {group_by}")
 charts.save(bars, Path(output_dir) / "error_by_group")
 bars
 

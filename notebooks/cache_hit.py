@@ -41,6 +41,7 @@ import pandas as pd
 
 from model import ROOT, cache, cache_model, charts, nbio, routing, tiers
 from model.architecture import load_architecture
+from model.errors import Infeasible
 from model.hardware import load_hardware
 from model.parallel import ParallelPlan
 
@@ -70,10 +71,16 @@ for cap in capacities:
         rows.append({"capacity_tokens": cap, "policy": policy, "method": "closed form",
                      "hit_rate": cache_model.closed_form(sample, cap, live, policy).hit_rate})
 curves = pd.DataFrame(rows)
-fig = charts.line_chart(curves, "capacity_tokens", "hit_rate", "policy", strokedash="method",
-                        log_x=True, title="Prefix-cache hit rate vs capacity",
-                        subtitle=f"{trace.split('/')[-1]}: exact replay (dashed) vs Che closed form "
-                        "(solid)")
+replay_lru = curves[(curves.policy == "lru") & (curves.method == "replay")]
+reach = replay_lru[replay_lru.hit_rate >= 0.9 * infinite.hit_rate]
+fig = charts.line_chart(
+    curves, "capacity_tokens", "hit_rate", "policy", strokedash="method", log_x=True,
+    y_format=".0%", x_title="cache capacity (tokens of KV)", y_title="prefix-cache hit rate",
+    title=(f"{charts.si(reach.capacity_tokens.min())} tokens of cache reach 90% of the "
+           f"{infinite.hit_rate:.1%} ceiling (LRU)" if len(reach) else
+           "Prefix-cache hit rate vs capacity"),
+    subtitle=f"{Path(trace).name}: exact replay of every block vs the Che closed form "
+             "(no closed form for interval)")
 charts.save(fig, out / "hit_rate_vs_capacity")
 fig
 
@@ -121,11 +128,18 @@ for cap in capacities:
         per_tier_rows.append({"hbm_capacity_tokens": cap, "tiers": label, "hit_rate": res.hit_rate,
                               "hbm_hit_rate": res.hits_by_tier["hbm"]})
 per_tier = pd.DataFrame(per_tier_rows)
-fig = charts.line_chart(per_tier, "hbm_capacity_tokens", "hit_rate", "tiers", log_x=True,
-                        title="Hit rate by tier vs HBM pool size",
-                        subtitle=f"{arch} TP{tp} on {hardware}: host {tier_tokens['host']:.3g} "
-                        f"tokens, NVMe {tier_tokens['nvme']:.3g}; the gap above 'hbm only' is "
-                        "served by the lower tiers")
+smallest = per_tier[per_tier.hbm_capacity_tokens == per_tier.hbm_capacity_tokens.min()] \
+    .set_index("tiers")["hit_rate"]
+fig = charts.line_chart(
+    per_tier, "hbm_capacity_tokens", "hit_rate", "tiers", strokedash="tiers", log_x=True,
+    y_format=".0%", x_title="HBM KV pool (tokens)", y_title="prefix-cache hit rate",
+    color_title="tiers",
+    title=f"Host DRAM lifts the smallest HBM pool from {smallest['hbm only']:.0%} to "
+          f"{smallest['hbm + host']:.0%} hits; NVMe adds "
+          f"{smallest['hbm + host + nvme'] - smallest['hbm + host']:+.1%}",
+    subtitle=f"{arch} TP{tp} on {hardware}: host DRAM holds {charts.si(tier_tokens['host'])} "
+             f"tokens, NVMe {charts.si(tier_tokens['nvme'])}; the gap above 'hbm only' is "
+             "served by the lower tiers")
 charts.save(fig, out / "hit_rate_by_tier")
 {"tier_tokens": tier_tokens, **at_deployment.hit_rate_by_tier}
 
@@ -187,10 +201,12 @@ parts = routes.assign(config=routes.routing + np.where(routes.shared_pool, " + p
 fig = charts.stacked_bar(parts[["config", "local", "remote"]].melt(
                              id_vars=["config"], value_vars=["local", "remote"],
                                     var_name="served_from", value_name="hit_rate"),
-                         "config", "hit_rate", "served_from",
-                         title=f"Hit rate over {replicas} replicas by routing",
-                         subtitle=f"{routing_capacity_tokens:.3g} tokens of HBM cache per replica;"
-                         " pool = unbounded shared remote store")
+                         "config", "hit_rate", "served_from", x_title="routing", y_format=".0%",
+                         y_title="prefix-cache hit rate", color_title="served from",
+                         title=f"Sticky routing keeps {sticky.hit_rate:.0%} hits over "
+                               f"{replicas} replicas; random gets {rand.hit_rate:.0%}",
+                         subtitle=f"{routing_capacity_tokens:,.0f} tokens of HBM cache per "
+                                  "replica; + pool: an unbounded shared remote store (Mooncake)")
 charts.save(fig, out / "routing")
 routes.round(4)
 
@@ -227,11 +243,20 @@ for name in breakeven_archs:
     a = load_architecture(name)
     for chip in breakeven_chips:
         h = load_hardware(chip)
-        p = ParallelPlan(tp=8) if name == "deepseek-r1" else ParallelPlan()
+        # the smallest TP whose weights leave a KV pool on this chip
+        for size in (1, 2, 4, 8):
+            try:
+                b0 = tiers.break_even(a, h, ParallelPlan(tp=size), "host")
+                p = ParallelPlan(tp=size)
+                break
+            except Infeasible:
+                continue
+        else:
+            continue
         for tier in ("host", "nvme", "remote"):
-            b = tiers.break_even(a, h, p, tier)
+            b = b0 if tier == "host" else tiers.break_even(a, h, p, tier)
             i = int(np.argmin(np.abs(b.contexts_tokens - 131072)))
-            be_rows.append({"arch": name, "hardware": chip, "tier": tier,
+            be_rows.append({"arch": name, "hardware": chip, "tier": tier, "plan": p.label(),
                             "reload_wins_above_tokens": b.reload_wins_above_tokens,
                             "reload_wins_everywhere": b.reload_wins_everywhere,
                             "crossovers_tokens": list(b.crossovers_tokens),

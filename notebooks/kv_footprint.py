@@ -42,18 +42,49 @@ totals = (table.groupby(["arch", "context_tokens"], as_index=False)["bytes"].sum
 totals.pivot(index="context_tokens", columns="arch", values="gb_per_sequence").round(2)
 
 # %%
-growth = charts.line_chart(totals, "context_tokens", "gb_per_sequence", "arch", log_x=True,
-                           log_y=True, title="KV + state bytes per sequence",
-                           subtitle=f"KV dtype: {kv_dtype or 'model default'}")
+last = totals[totals.context_tokens == totals.context_tokens.max()].sort_values(
+    "gb_per_sequence", ascending=False)
+big, small = last.iloc[0], last.iloc[-1]
+growth = charts.line_chart(
+    totals, "context_tokens", "gb_per_sequence", "arch", log_x=True, log_y=True,
+    order=list(last["arch"]), x_title="context (tokens)", y_title="KV + state per sequence (GB)",
+    title=f"At {big.context_tokens:,.0f} tokens one {big.arch} sequence holds "
+          f"{big.gb_per_sequence:,.0f} GB, {small.arch} {small.gb_per_sequence:,.1f} GB",
+    subtitle=f"KV dtype: {kv_dtype or 'model default'}; legend in the order of the lines at "
+             "the right edge; flat starts are fixed recurrent state")
 charts.save(growth, Path(output_dir) / "kv_per_sequence")
 growth
 
 # %%
+# Readable names for the stacked components (model/kv.py: one per attention kind, plus the
+# indexer keys and the fixed state), in stack order.
+COMPONENTS = {"gqa": "full-attention KV (GQA)", "mla": "latent KV (MLA)",
+              "dsa": "sparse-MLA KV (DSA)", "msa": "block-sparse KV (MSA)",
+              "csa": "compressed KV, 1/4 (CSA)", "hca": "compressed KV, 1/128 (HCA)",
+              "swa": "sliding-window KV", "index_keys": "indexer keys",
+              "state": "fixed state (recurrent, compressor)"}
 at_ref = footprint_table(archs, [reference_context], kv_dtype or None, block_size or None,
                          state_dtype).assign(gb=lambda d: d["bytes"] / GB)
-breakdown = charts.stacked_bar(at_ref, "arch", "gb", "component",
-                               title=f"Per-sequence footprint at {reference_context:,} tokens",
-                               subtitle="by layer kind; state = fixed recurrent/compressor state")
+parts = at_ref[at_ref.gb > 0].assign(
+    part=lambda d: d["component"].map(COMPONENTS).fillna(d["component"]))
+by_total = list(parts.groupby("arch").gb.sum().sort_values(ascending=False).index)
+parts = parts.set_index("arch").loc[by_total].reset_index()
+stack = [COMPONENTS[k] for k in COMPONENTS if COMPONENTS[k] in set(parts.part)] + sorted(
+    set(parts.part) - set(COMPONENTS.values()))
+absolute = charts.stacked_bar(parts, "arch", "gb", "part", horizontal=True, order=stack,
+                              totals=True, value_format=",.1f", x_title="",
+                              y_title="GB per sequence", color_title="cache part")
+shares = charts.stacked_bar(parts, "arch", "gb", "part", horizontal=True, order=stack,
+                            normalize=True, x_title="", y_title="share of the footprint",
+                            color_title="cache part").properties(width=260)
+top, bottom = by_total[0], by_total[-1]
+ratio = parts[parts.arch == top].gb.sum() / parts[parts.arch == bottom].gb.sum()
+breakdown = charts.titled(
+    absolute | shares,
+    f"At {reference_context:,} tokens {top} needs {ratio:,.0f}x the cache of {bottom} per "
+    "sequence",
+    f"by cache part (model/kv.py); KV dtype: {kv_dtype or 'model default'}; right: the same "
+    "bars as shares")
 charts.save(breakdown, Path(output_dir) / "kv_breakdown")
 breakdown
 

@@ -66,10 +66,23 @@ warm = [prefill_row(lbl, p, warm_new_tokens, warm_cached_tokens) for lbl, p in (
     (f"TP{gpus}", ParallelPlan(tp=gpus, moe_tp=gpus)),
     (f"TP{gpus // 2}-PP2", ParallelPlan(tp=gpus // 2, pp=2, moe_tp=gpus // 2)))]
 warm = pd.DataFrame([r for r in warm if r])
-prefill = pd.concat([cold.assign(turn=f"cold {long_prompt_tokens}"),
-                     warm.assign(turn=f"warm {warm_new_tokens}+{warm_cached_tokens} cached")])
-chart = charts.bar_chart(prefill, "turn", "prefill_s", "plan", log_y=True,
-                         title=f"{arch}: prefill time by parallelism ({gpus} x {hardware})")
+prefill = pd.concat([
+    cold.assign(turn=f"cold prompt: {long_prompt_tokens:,} tokens"),
+    warm.assign(turn=f"warm turn: {warm_new_tokens:,} new on {warm_cached_tokens:,} cached")])
+cold_s = dict(zip(cold.plan, cold.prefill_s, strict=True))
+warm_s = dict(zip(warm.plan, warm.prefill_s, strict=True))
+tp_l, pcp_l, pp_l = f"TP{gpus}", f"PCP{gpus}", f"TP{gpus // 2}-PP2"
+lesson = []
+if tp_l in cold_s and pcp_l in cold_s:
+    lesson.append(f"PCP{gpus} prefills the cold prompt {cold_s[tp_l] / cold_s[pcp_l]:.2f}x "
+                  f"faster than TP{gpus}")
+if tp_l in warm_s and pp_l in warm_s:
+    lesson.append(f"PP adds {warm_s[pp_l] / warm_s[tp_l] - 1:+.0%} to a warm turn")
+chart = charts.bar_chart(prefill, "turn", "prefill_s", "plan", log_y=True, horizontal=True,
+                         y_title="prefill time (s, log scale)", color_title="plan",
+                         title=f"{arch}: " + "; ".join(lesson) if lesson else
+                         f"{arch}: prefill time by parallelism",
+                         subtitle=f"{gpus} x {hardware}; one request alone on the GPUs")
 charts.save(chart, Path(output_dir) / "prefill_by_plan")
 prefill
 
@@ -81,8 +94,18 @@ decode = decode_capacity_by_family(arch, hardware, gpus, traffic.context_mean,
                                    traffic.output_mean, slo_p90_interactivity)
 best_decode = decode.groupby("family", as_index=False).first().sort_values(
     "decode_tokens_per_s_per_gpu", ascending=False)
-chart = charts.bar_chart(best_decode, "family", "decode_tokens_per_s_per_gpu",
-                         title=f"{arch}: best decode throughput per family at the SLO")
+lead, tp_row = best_decode.iloc[0], best_decode[best_decode.family == "TP"]
+gain = (f", {lead['decode_tokens_per_s_per_gpu'] / tp_row['decode_tokens_per_s_per_gpu'].iloc[0]:.1f}x"
+        " TP" if len(tp_row) and tp_row['decode_tokens_per_s_per_gpu'].iloc[0] > 0
+        and lead["family"] != "TP" else "")
+chart = charts.bar_chart(
+    best_decode, "family", "decode_tokens_per_s_per_gpu", x_title="parallelism family",
+    y_title="decode throughput (output tok/s per GPU)",
+    title=f"{arch}: {lead['family']} decodes the most per GPU at the SLO "
+          f"({lead['decode_tokens_per_s_per_gpu']:,.0f} tok/s{gain})",
+    subtitle=f"best plan of each family on {gpus} x {hardware}; P90 >= "
+             f"{slo_p90_interactivity:g} tok/s per user within KV capacity at "
+             f"{traffic.context_mean:,.0f} tokens of context")
 charts.save(chart, Path(output_dir) / "decode_by_family")
 best_decode
 
@@ -108,10 +131,23 @@ try:
 except Infeasible as err:  # e.g. the weights do not fit a DP rank
     dep = {"reason": str(err), "table": pd.DataFrame()}
 if not dep["table"].empty:
-    chart = charts.line_chart(dep["table"].melt("batch", ["tp_step_s", "dep_step_s"], "plan",
-                                                "step_s"), "batch", "step_s", "plan",
-                              log_x=True, title=f"{arch}: decode step, {dep['tp_plan']} vs "
-                              f"{dep['dep_plan']}")
+    names = {"tp_step_s": f"{dep['tp_plan']} (TP+EP)", "dep_step_s": f"{dep['dep_plan']} (DEP)"}
+    steps = dep["table"].melt("batch", ["tp_step_s", "dep_step_s"], "plan", "step_s")
+    steps = steps.assign(plan=steps["plan"].map(names), step_ms=steps["step_s"] * 1e3)
+    rules = [("y", 1e3 / slo_p90_interactivity,
+              f"SLO {slo_p90_interactivity:g} tok/s = {1e3 / slo_p90_interactivity:g} ms step")]
+    for key, name in (("tp_kv_sequences", "TP"), ("dep_kv_sequences", "DEP")):
+        if dep[key] <= steps["batch"].max():
+            rules.append(("x", dep[key], f"{name} KV full"))
+    cross = dep["crossover_batch"]
+    chart = charts.line_chart(
+        steps, "batch", "step_ms", "plan", log_x=True, x_title="decode batch (sequences)",
+        y_title="decode step (ms)", color_title="plan", rules=rules,
+        title=f"{arch}: DEP steps faster above a batch of {cross:g}" if np.isfinite(cross)
+        else f"{arch}: TP+EP steps faster at every batch compared",
+        subtitle=f"{gpus} x {hardware} at {traffic.context_mean:,.0f} tokens of context; KV "
+                 f"fits {dep['tp_kv_sequences']:,.0f} sequences under TP, "
+                 f"{dep['dep_kv_sequences']:,.0f} under DEP")
     charts.save(chart, Path(output_dir) / "dep_vs_tp_decode")
 dep["table"]
 

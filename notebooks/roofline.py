@@ -21,10 +21,12 @@ output_dir: str = "."  # where figures and headline.json go
 # %% [markdown]
 # # Where a model's ops sit on the chip's roofline
 #
-# Each point is one op of one layer kind on one GPU: arithmetic intensity (FLOP per HBM byte,
-# from the closed-form counts in `model/ops.py`, sharded by the plan) against attained FLOP/s
-# (the same FLOPs over the modeled kernel time from `model/roofline.py`). Decode GEMMs sit left
-# of the ridge (HBM-bound); prefill GEMMs sit right of it (compute-bound).
+# Each point is one kind of op (attention over the KV cache, routed experts, attention
+# projections, ...) in one phase on one GPU, summed over the layers: arithmetic intensity (FLOP
+# per HBM byte, from the closed-form counts in `model/ops.py`, sharded by the plan) against
+# attained FLOP/s (the same FLOPs over the modeled kernel time from `model/roofline.py`), sized
+# by its share of the step. Decode GEMMs sit left of the ridge (HBM-bound); prefill GEMMs sit
+# right of it (compute-bound).
 
 # %%
 # ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
@@ -51,7 +53,7 @@ ridge = peak / bandwidth
 decode = sm.op_table(0, 0, decode_batch, context).assign(phase="decode")
 prefill = sm.op_table(prefill_tokens * dp, context, 0, 0, dp).assign(phase="prefill")
 table = pd.concat([decode, prefill], ignore_index=True)
-table["label"] = table["phase"] + " " + table["op"].str.split(":").str[-1]
+table["group"] = [charts.op_group(o, k) for o, k in zip(table["op"], table["kind"], strict=True)]
 table.sort_values(["phase", "time_s"], ascending=[True, False]).head(20)
 
 # %% [markdown]
@@ -61,21 +63,38 @@ table.sort_values(["phase", "time_s"], ascending=[True, False]).head(20)
 pd.DataFrame(ops.render())
 
 # %%
-main = table[table["time_s"] * table["layers"] > 0.01 * (table["time_s"] * table["layers"]).sum()]
-chart = charts.roofline_chart(main, "intensity_flop_per_byte", "attained_flop_per_s", peak,
-                              bandwidth, label="phase",
-                              title=f"{a.name} on {hw.name} ({sm.plan.label()})",
-                              subtitle=f"decode {decode_batch} seqs at {context} tokens; "
-                                       f"prefill {prefill_tokens} tokens per rank")
-charts.save(chart, Path(output_dir) / "roofline")
-chart
+# One point per (phase, op group) over all layers: summed FLOPs over summed bytes and time, sized
+# and labelled by its share of that phase's step; groups under 1% of a phase are left out.
+summed = table.assign(flops=table.flops * table.layers, bytes=table.bytes * table.layers,
+                      time_s=table.time_s * table.layers)
+points = summed.groupby(["phase", "group"], as_index=False)[["flops", "bytes", "time_s"]].sum()
+points["intensity_flop_per_byte"] = points.flops / points.bytes
+points["attained_flop_per_s"] = points.flops / points.time_s
+points["time_share"] = points.time_s / points.groupby("phase").time_s.transform("sum")
+points = points[points.time_share >= 0.01].sort_values(["phase", "time_share"],
+                                                       ascending=[True, False])
+points["share_label"] = (100 * points.time_share).round().astype(int).astype(str) + "%"
+points["share_label"] = charts.declutter(points, "intensity_flop_per_byte",
+                                         "attained_flop_per_s", "share_label", "time_share")
 
-# %%
+
 def share_below_ridge(df: pd.DataFrame) -> float:
     t = df["time_s"] * df["layers"]
     return float(t[df["intensity_flop_per_byte"] < ridge].sum() / t.sum())
 
 
+decode_hbm, prefill_hbm = share_below_ridge(decode), share_below_ridge(prefill)
+chart = charts.roofline_chart(
+    points, "intensity_flop_per_byte", "attained_flop_per_s", peak, bandwidth, label="group",
+    shape="phase", size="time_share", text="share_label", color_title="op",
+    title=f"{a.name} on {hw.name}: {decode_hbm:.0%} of decode time is HBM-bound, "
+          f"{1 - prefill_hbm:.0%} of prefill time compute-bound",
+    subtitle=f"plan {sm.plan.label()}; decode {decode_batch} seqs at {context:,} tokens, prefill "
+             f"{prefill_tokens:,} tokens per rank; labels: share of that phase's step time")
+charts.save(chart, Path(output_dir) / "roofline")
+chart
+
+# %%
 dec_b = sm.breakdown(0, 0, decode_batch, context)
 pre_b = sm.breakdown(prefill_tokens * dp, context, 0, 0, dp)
 headline = {
@@ -83,8 +102,10 @@ headline = {
     "ridge_flop_per_byte": ridge,
     "decode_step_ms": dec_b["step_time_s"] * 1e3, "decode_bottleneck": dec_b["bottleneck"],
     "prefill_step_ms": pre_b["step_time_s"] * 1e3, "prefill_bottleneck": pre_b["bottleneck"],
-    "decode_time_share_memory_bound": share_below_ridge(decode),
-    "prefill_time_share_memory_bound": share_below_ridge(prefill),
+    "decode_time_share_memory_bound": decode_hbm,
+    "prefill_time_share_memory_bound": prefill_hbm,
+    "decode_top_op": points[points.phase == "decode"].iloc[0]["group"],
+    "prefill_top_op": points[points.phase == "prefill"].iloc[0]["group"],
     "prefill_mfu": pre_b["flops_per_gpu"] / pre_b["step_time_s"] / peak,
 }
 nbio.write_headline(output_dir, headline)

@@ -86,19 +86,41 @@ for label, key in (("off", "sweep_off"), (f"threshold {long_prefill_token_thresh
     frames.append(f)
 sweep = pd.concat(frames, ignore_index=True)
 ok = sweep[sweep.stable]
+gain, inter_ratio = effect["tpgs_gain"], effect["p90_interactivity_ratio"]
+if gain is not None and inter_ratio is not None:
+    verdict = (f"threshold {long_prefill_token_threshold}: {gain:+.0%} TPGS at the SLO, "
+               f"{inter_ratio:.2f}x P90 interactivity")
+elif effect["off"] or effect["on"]:
+    verdict = (f"only {'threshold off' if effect['off'] else 'the threshold'} reaches P90 "
+               f"{slo_p90_interactivity:g} tok/s")
+else:
+    verdict = f"neither policy reaches P90 {slo_p90_interactivity:g} tok/s here"
+sessions = ok["concurrency"]
 front = alt.Chart(ok).mark_line(point=True).encode(
     x=alt.X("p90_interactivity_tok_s:Q", title="P90 interactivity (tok/s per user)"),
     y=alt.Y("tpgs:Q", title="TPGS (total tokens per GPU-second)"),
-    color=alt.Color("policy:N", title="policy"),
+    color=charts.series_color("policy", ok),
     tooltip=["policy", "concurrency", "tpgs", "p90_interactivity_tok_s", "p90_ttft_s"],
-).properties(title="TPGS vs P90 interactivity", width=420, height=300)
-rule = alt.Chart(pd.DataFrame({"x": [slo_p90_interactivity]})).mark_rule(
-    strokeDash=[4, 4]).encode(x="x:Q")
+).properties(title="Throughput against interactivity", width=420, height=300)
+rule = alt.Chart(pd.DataFrame({"x": [slo_p90_interactivity],
+                               "text": [f"SLO {slo_p90_interactivity:g}"]}))
+rule = rule.mark_rule(strokeDash=[4, 4], color="#666666").encode(x="x:Q") + rule.mark_text(
+    align="left", dx=4, baseline="top", color="#444444").encode(x="x:Q", y=alt.value(2),
+                                                               text="text:N")
 ttft = alt.Chart(ok).mark_line(point=True).encode(
-    x=alt.X("concurrency:Q", scale=alt.Scale(type="log"), title="sessions"),
-    y=alt.Y("p90_ttft_s:Q", scale=alt.Scale(type="log"), title="P90 TTFT (s)"),
-    color="policy:N").properties(title="Head-of-line blocking in TTFT", width=300, height=300)
-figure = alt.hconcat(front + rule, ttft)
+    x=alt.X("concurrency:Q", title="closed-loop sessions",
+            scale=alt.Scale(type="log", domain=[sessions.min() / 1.2, sessions.max() * 1.2],
+                            nice=False),
+            axis=alt.Axis(values=charts.log_ticks(sessions.min() / 1.2, sessions.max() * 1.2),
+                          format="~g")),
+    y=alt.Y("p90_ttft_s:Q", scale=alt.Scale(type="log"), title="P90 TTFT (s, log scale)"),
+    color=charts.series_color("policy", ok)).properties(
+    title="Head-of-line blocking in TTFT", width=300, height=300)
+figure = charts.titled(
+    alt.hconcat(front + rule, ttft), f"{arch if not reference_step_model else 'reference'} on "
+    f"{hardware}: {verdict}",
+    f"{workload} traffic, {max_num_batched_tokens}-token steps, dp{dp}; each point one "
+    "closed-loop concurrency (model.serving)")
 charts.save(figure, Path(output_dir) / "threshold_front")
 figure
 
@@ -116,16 +138,24 @@ if simulate_s > 0:
                                     long_prefill_token_threshold)):
         sim = simulate(step, w, policy.with_threshold(thr), ClosedLoop(int(at_concurrency)),
                        duration_s=simulate_s, seed=1, dp_ranks=dp)
-        n = min(len(sim.step_s), 3000)
         timeline.append(pd.DataFrame({
-            "step": np.arange(n), "step_ms": sim.step_s[:n] * 1e3,
-            "prefill_tokens": sim.step_prefill_tokens[:n], "policy": label}))
+            "time_s": np.cumsum(sim.step_s), "step_ms": sim.step_s * 1e3,
+            "prefill_tokens": sim.step_prefill_tokens, "policy": label}))
 if timeline:
     tl = pd.concat(timeline, ignore_index=True)
+    worst = tl.groupby("policy").step_ms.max()
     steps = alt.Chart(tl).mark_line(strokeWidth=0.8).encode(
-        x=alt.X("step:Q", title="engine step"), y=alt.Y("step_ms:Q", title="step time (ms)"),
-        color="policy:N", row=alt.Row("policy:N", title=None),
-    ).properties(width=640, height=140, title="Engine step times")
+        x=alt.X("time_s:Q", title="simulated time (s)"),
+        y=alt.Y("step_ms:Q", title="step time (ms)"),
+        color=alt.Color("policy:N", legend=None, scale=alt.Scale(
+            domain=list(dict.fromkeys(tl.policy)), range=charts.PALETTE[:2])),
+        row=alt.Row("policy:N", title=None, header=alt.Header(labelFontSize=13, labelAngle=0,
+                                                             labelAlign="left")),
+    ).properties(width=640, height=140)
+    steps = charts.titled(
+        steps, "Longest engine step: " + ", ".join(f"{k} {v:,.0f} ms" for k, v in worst.items()),
+        f"{at_concurrency} sessions, {tl.time_s.max():.0f} s of recorded engine steps "
+        "(model.simulate); every decode in flight waits for each step")
     charts.save(steps, Path(output_dir) / "step_timeline")
     steps
 

@@ -49,8 +49,18 @@ for name in hardware:
             rows.append({"hardware": name, "basis": basis,
                          "usd_per_gpu_hour": gpu_hour_usd(hw, basis)})
 per_hour = pd.DataFrame(rows)
-chart = charts.bar_chart(per_hour, "hardware", "usd_per_gpu_hour", "basis",
-                         title="GPU-hour price by cost basis")
+BASES = {"owned": "owned TCO (SemiAnalysis)", "owned_model": "owned, capex + power model",
+         "rental_low": "rental, low quote", "rental_high": "rental, high quote"}
+wide = per_hour.pivot(index="hardware", columns="basis", values="usd_per_gpu_hour")
+markup = (wide["rental_low"] / wide["owned"]).dropna() if {"owned", "rental_low"} <= set(wide) \
+    else pd.Series(dtype=float)
+chart = charts.bar_chart(
+    per_hour.assign(basis=per_hour["basis"].map(BASES)), "hardware", "usd_per_gpu_hour",
+    "basis", value_format="$.2f", x_title="", color_title="cost basis", horizontal=True,
+    title=(f"Renting costs {markup.min():.1f}-{markup.max():.1f}x the owned TCO per GPU-hour"
+           if len(markup) else "GPU-hour price by cost basis"),
+    subtitle="USD per GPU-hour; low rental quote over owned TCO, per chip "
+             "(hardware/*.yaml, each value sourced)")
 charts.save(chart, Path(output_dir) / "gpu_hour")
 per_hour.pivot(index="hardware", columns="basis", values="usd_per_gpu_hour")
 
@@ -88,8 +98,16 @@ for h in hit_rates:
         sens.append({"hit_rate": h, "model": row.model,
                      "advantage": cost_advantage(api, row.tco_usd_per_hour)})
 sens = pd.DataFrame(sens)
-chart = charts.line_chart(sens, "hit_rate", "advantage", "model", log_y=True,
-                          title="Cost advantage vs cache-hit assumption")
+lead = sens[sens.model == post.model.iloc[0]].sort_values("hit_rate")
+chart = charts.line_chart(
+    sens, "hit_rate", "advantage", "model", log_y=True, x_format=".0%",
+    x_title="prefix-cache hit rate (share of input tokens)",
+    y_title=f"cost advantage over {api_model} (x, log scale)",
+    title=f"More cache hits shrink the advantage: {lead.model.iloc[0]} "
+          f"{lead.advantage.iloc[0]:.0f}x at {lead.hit_rate.iloc[0]:.0%} hits, "
+          f"{lead.advantage.iloc[-1]:.0f}x at {lead.hit_rate.iloc[-1]:.0%}",
+    subtitle="the API bills cached input at a discount, the GPUs serve it at the same TPGS; "
+             "88K-token turns, 413 output tokens, the post's TPGS and TCO")
 charts.save(chart, Path(output_dir) / "advantage_vs_hit")
 chart
 

@@ -6,15 +6,21 @@ The notebook is `tests/data/notebooks/tiny.py`: headline `product = x * y`, and 
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from model.batch import load_grid, run_batch, scenario_id
+from model.batch import load_grid, notebook_parameters, run_batch, scenario_id
 from model.errors import ServecastError, SpecError
+from model.nbio import notebook_names, notebook_path
 
 TINY = Path(__file__).parent / "data" / "notebooks" / "tiny.py"
 
@@ -53,11 +59,21 @@ def test_twelve_scenarios_one_impossible_then_resume(tmp_path):
     for name in ("summary.csv", "summary.parquet"):
         assert (out / name).stat().st_mode & 0o777 == 0o666 & ~mask
 
+    assert not ok["skipped"].any()
+    assert (ok["elapsed_s"] > 0).all()
+
     # Rerun: the 11 finished scenarios are skipped (not re-executed), the failed one reruns.
     stamp = (out / "scenarios" / "x=1__y=1" / "headline.json").stat().st_mtime_ns
     second = run_batch(grid, out, workers=2, progress=False)
     assert (second.succeeded, second.failed, second.skipped) == (11, 1, 11)
     assert (out / "scenarios" / "x=1__y=1" / "headline.json").stat().st_mtime_ns == stamp
+    # a skipped row keeps the run time its scenario recorded, not 0
+    again = second.summary.set_index("scenario")
+    first_elapsed = summary.set_index("scenario")["elapsed_s"]
+    for sid in ok["scenario"]:
+        assert bool(again.loc[sid, "skipped"])
+        assert again.loc[sid, "elapsed_s"] == pytest.approx(first_elapsed[sid], abs=1e-3)
+    assert not bool(again.loc["x=10__y=6", "skipped"])
 
 
 def test_changed_parameters_are_not_taken_as_finished(tmp_path):
@@ -163,3 +179,101 @@ def test_cli_batch_json_contract(tmp_path, cli):
     assert out["summary_path"] == str(tmp_path / "out" / "summary.csv")
     assert out["failures"] == [{"scenario": "x=30",
                                 "error": "Infeasible: x*y = 90 exceeds limit 50"}]
+    # the kernels' own log (transport warning, the KeyboardInterrupt jupyter_client sends
+    # before every shutdown) stays out of the terminal
+    assert "IPKernelApp" not in result.stderr and "KeyboardInterrupt" not in result.stderr
+
+
+def test_every_notebook_parameter_cell_parses_for_papermill():
+    # papermill's own parser (it logs "Unable to parse line" and drops the parameter otherwise)
+    # must see every typed parameter the batch runner validates grids against.
+    from papermill.translators import PythonTranslator
+
+    from model.nbio import fast_notebook_imports
+
+    fast_notebook_imports()
+    import jupytext
+
+    for name in notebook_names():
+        path = notebook_path(name)
+        cell = next(c for c in jupytext.read(path).cells
+                    if "parameters" in c.metadata.get("tags", []))
+        names = [p.name for p in PythonTranslator.inspect(cell)]
+        assert names == list(notebook_parameters(path)), name
+
+
+GATED = """# %% tags=["parameters"]
+x: int = 1  # scenario number; x > 1 waits while the gate file exists
+gate: str = ""  # path of the gate file
+output_dir: str = "."  # where headline.json goes
+
+# %%
+import time
+from pathlib import Path
+
+from model.nbio import write_headline
+
+while x > 1 and Path(gate).exists():
+    time.sleep(0.05)
+write_headline(output_dir, {"x": x})
+"""
+
+
+def _start_batch(grid: Path, out: Path) -> subprocess.Popen:
+    """`servecast batch` as a terminal runs it: its own process group, SIGINT at its default
+    (a shell's background job would otherwise inherit SIGINT ignored)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "model.cli", "batch", str(grid), "--out", str(out),
+         "--workers", "2", "--json"], cwd=Path(__file__).parent.parent,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _wait_for(condition, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_ctrl_c_is_one_line_nonzero_and_resumable(tmp_path):
+    # x=1 finishes at once; x=2 blocks on the gate until interrupted. Ctrl-C goes to the whole
+    # foreground process group, as a terminal sends it.
+    notebook = tmp_path / "gated.py"
+    notebook.write_text(GATED)
+    gate = tmp_path / "gate"
+    gate.write_text("")
+    grid = write_grid(tmp_path, {"x": [1, 2]}, {"gate": str(gate)}, notebook=str(notebook))
+    out = tmp_path / "out"
+    proc = _start_batch(grid, out)
+    _wait_for(lambda: (out / "scenarios" / "x=1" / ".done").is_file()
+              and (out / "scenarios" / "x=2" / "gated.ipynb").is_file())
+    time.sleep(1.0)  # x=2 is inside its cell now
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert stdout == ""
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("servecast:")]
+    assert len(errors) == 1
+    assert errors[0].startswith("servecast: error: batch interrupted: 1 of 2 scenarios finished "
+                                "(1 succeeded, 0 failed)")
+    # the interrupted scenario is not taken as finished; the summary is whole
+    assert not (out / "scenarios" / "x=2" / ".done").exists()
+    assert not (out / "scenarios" / "x=2" / "headline.json").exists()
+    summary = pd.read_csv(out / "summary.csv").set_index("scenario")
+    assert summary.loc["x=1", "status"] == "succeeded"
+    assert summary.loc["x=2", "status"] == "interrupted"
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no half-written summary
+    # no orphaned kernel goes on with x=2: opening the gate would let it write its headline
+    gate.unlink()
+    time.sleep(2.0)
+    assert not (out / "scenarios" / "x=2" / "headline.json").exists()
+
+    # Rerun (the gate is open): x=1 is skipped and keeps its recorded time, x=2 runs.
+    elapsed = json.loads((out / "scenarios" / "x=1" / ".done").read_text())["elapsed_s"]
+    again = run_batch(grid, out, workers=2, progress=False)
+    assert (again.succeeded, again.failed, again.skipped) == (2, 0, 1)
+    rows = again.summary.set_index("scenario")
+    assert rows.loc["x=1", "elapsed_s"] == pytest.approx(elapsed, abs=1e-3)
+    assert rows.loc["x=2", "x"] == 2 and not bool(rows.loc["x=2", "skipped"])

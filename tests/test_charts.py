@@ -50,6 +50,25 @@ BUILDERS = {
         pd.DataFrame({"op": ["gemm", "attention"], "flop_per_byte": [300.0, 2.0],
                       "flops_per_s": [8e14, 5e12]}),
         "flop_per_byte", "flops_per_s", 9.89e14, 4.8e12, "op", title="Roofline"),
+    "roofline_by_op": lambda: charts.roofline_chart(
+        pd.DataFrame({"op": ["routed experts", "attention (over the KV cache)"] * 2,
+                      "phase": ["decode", "decode", "prefill", "prefill"],
+                      "flop_per_byte": [16.0, 228.0, 1500.0, 4000.0],
+                      "flops_per_s": [6e13, 4e14, 4e14, 6e14], "share": [0.6, 0.1, 0.6, 0.2],
+                      "text": ["60%", "10%", "60%", "20%"]}),
+        "flop_per_byte", "flops_per_s", 1.98e15, 4.8e12, "op", shape="phase", size="share",
+        text="text", title="Roofline by op"),
+    "stacked_totals": lambda: charts.stacked_bar(
+        pd.DataFrame({"arch": ["a", "a", "b"], "gb": [300.0, 40.0, 5.0],
+                      "part": ["full", "index", "compressed"]}),
+        "arch", "gb", "part", horizontal=True, totals=True, title="KV with totals"),
+    "pd_sweep": lambda: charts.pd_sweep_chart(
+        pd.DataFrame({"p_per_d": [0.5, 1.0, 2.0, 4.0], "tpgs": [50e3, 90e3, 120e3, 70e3],
+                      "pair": "p | d"}),
+        pd.DataFrame({"p_per_d": [1.0, 2.0], "tpgs": [90e3, 120e3], "pair": "p | d",
+                      "label": ["1P1D", "2P1D"], "at_budget": [False, True]}),
+        pd.DataFrame({"p_per_d": [2.0], "tpgs": [100e3], "pair": "p | d"}),
+        pd.DataFrame({"pair": ["p | d"], "p_per_d": [2.2]}), title="P/D sweep"),
 }
 
 
@@ -90,11 +109,87 @@ def test_pareto_front_keeps_only_non_dominated_points():
 
 
 @pytest.mark.parametrize(("column", "title"), [
-    ("p90_interactivity_tok_s", "p90 interactivity (tok/s)"),
-    ("hbm_bandwidth_bytes_per_s", "hbm bandwidth (B/s)"),
-    ("tco_usd_per_gpu_hour", "tco ($/GPU-h)"),
+    # DESIGN.md conventions: the unit is the suffix of every external name
+    ("p90_interactivity_tok_s", "P90 interactivity (tok/s)"),
+    ("hbm_bandwidth_bytes_per_s", "HBM bandwidth (B/s)"),
+    ("tco_usd_per_gpu_hour", "TCO ($/GPU-h)"),
     ("usd_per_mtok", "$/Mtok"),
-    ("tpgs", "tpgs"),
+    ("tpgs", "TPGS (tok/s per GPU)"),
+    ("max_rps_per_gpu", "max (req/s per GPU)"),
+    ("decode_tokens_per_s_per_gpu", "decode (tok/s per GPU)"),
+    ("context_tokens", "context (tokens)"),
 ])
 def test_axis_titles_carry_the_unit_suffix(column, title):
     assert charts._label(column) == title
+
+
+def test_palette_has_twelve_distinct_colours_and_yellow_last():
+    assert len(charts.PALETTE) == 12 == len({c.lower() for c in charts.PALETTE})
+    assert charts.PALETTE[-1] == "#F0E442"  # Okabe-Ito yellow: faint as a line, used last
+
+
+def _colour_scale(chart) -> dict:
+    spec = chart.to_dict()
+    layers = spec.get("layer", [spec])
+    return next(layer["encoding"]["color"]["scale"] for layer in layers
+                if "color" in layer.get("encoding", {}) and "field" in
+                layer["encoding"]["color"])
+
+
+@pytest.mark.parametrize("n", [9, 12])
+def test_every_series_gets_its_own_colour(n):
+    # The KV breakdown stacks up to 9 cache parts (model/kv.py kinds + index keys + state);
+    # up to 12 series take the house palette, each a different colour, in legend order.
+    df = pd.DataFrame({"x": list(range(n)), "y": list(range(n)),
+                       "s": [f"series {i}" for i in range(n)]})
+    scale = _colour_scale(charts.line_chart(df, "x", "y", "s"))
+    assert scale["domain"] == [f"series {i}" for i in range(n)]
+    assert scale["range"] == charts.PALETTE[:n]
+    assert len(set(scale["range"])) == n
+
+
+def test_more_series_than_the_palette_switch_scheme_then_refuse():
+    df = pd.DataFrame({"x": list(range(21)), "y": list(range(21)),
+                       "s": [f"s{i:02d}" for i in range(21)]})
+    scale = _colour_scale(charts.line_chart(df.head(13), "x", "y", "s"))
+    assert scale["scheme"] == charts.MANY_SERIES_SCHEME and len(scale["domain"]) == 13
+    with pytest.raises(ValueError, match="21 series"):
+        charts.line_chart(df, "x", "y", "s")
+
+
+def test_log_ticks_are_sparse_and_readable():
+    # 30 .. 800 spans 1.4 decades: 1-2-5 steps; 1e3 .. 1e7: decades; 1e-2 .. 1e9: every other
+    assert charts.log_ticks(30, 800) == [50, 100, 200, 500]
+    assert charts.log_ticks(1e3, 1e7) == [1e3, 1e4, 1e5, 1e6, 1e7]
+    assert charts.log_ticks(1e-2, 1e9)[:3] == pytest.approx([1e-2, 1, 100])
+
+
+def test_log_axes_fit_the_data_not_whole_decades():
+    # capacities 3e4 .. 3e7 (cache_hit defaults): the axis must not run 1e4 .. 1e8
+    df = pd.DataFrame({"capacity_tokens": [3e4, 3e5, 3e6, 3e7], "hit_rate": [0.1, 0.5, 0.9, 0.95]})
+    x = charts.line_chart(df, "capacity_tokens", "hit_rate", log_x=True).to_dict()["encoding"]["x"]
+    lo, hi = x["scale"]["domain"]
+    assert 2e4 < lo < 3e4 and 3e7 < hi < 4e7
+    assert x["axis"]["values"] == [1e5, 1e6, 1e7]
+
+
+@pytest.mark.parametrize(("op", "group"), [
+    # model.ops names: `<attention kind>/<ffn kind>:<module>` (see StepModel.op_table)
+    ("mla/moe:attn_decode", "attention (over the KV cache)"),
+    ("gqa/dense:attn_prefill", "attention (over the KV cache)"),
+    ("mla/moe:experts", "routed experts"),
+    ("mla/moe:mlp.gate", "router"),
+    ("minimax/moe:block_sparse_moe.gate", "router"),
+    ("mla/moe:mlp.shared_experts.up_proj", "shared experts"),
+    ("gqa/dense:mlp.down_proj", "dense MLP"),
+    ("mla/moe:self_attn.kv_b_proj", "attention projections (QKV, O)"),
+    ("csa/moe:attn.indexer.wq_b", "sparse-attention indexer"),
+    ("hca/moe:attn.compressor.wkv", "KV compressor"),
+    ("lm_head", "LM head"),
+])
+def test_roofline_points_are_named_by_op(op, group):
+    assert charts.op_group(op) == group
+
+
+def test_si_counts_for_titles():
+    assert [charts.si(v) for v in (711_000, 2.91e6, 950)] == ["711K", "2.91M", "950"]

@@ -12,8 +12,10 @@ from model.disagg import (
     mdl_wait_s,
     prefill_saturation_rps,
     rate_matched_ratio,
+    ratio_sweep,
     system_rate_rps,
     xpyd_grid,
+    xpyd_rates,
 )
 from model.errors import ServecastError
 from model.parallel import ParallelPlan
@@ -86,3 +88,38 @@ def test_deployment_gpus_and_dict():
     assert out["decode"]["plan"] == "dp8-ep8"
     with pytest.raises(ServecastError):
         Deployment(mode="aggregated", arch="x", concurrency=1)
+
+
+def test_ratio_sweep_over_budgets_by_hand():
+    # One 2-GPU prefill instance saturates at 3 req/s, one 4-GPU decode instance at 5 req/s;
+    # 1,000 tokens per request (input incl. cached + output). Exact budgets only:
+    #   6 GPUs: 1P1D -> min(3, 5) = 3 req/s, prefill-bound, 3*1000/6 = 500 TPGS, decode 40% idle
+    #   8 GPUs: 2P1D -> min(6, 5) = 5 req/s, decode-bound, 625 TPGS, prefill 1/6 idle
+    #  10 GPUs: 1P2D -> 3 req/s (300 TPGS) and 3P1D -> 5 req/s (500 TPGS)
+    sweep = ratio_sweep(3.0, 2, 5.0, 4, [6, 7, 8, 10], tokens_per_request=1000)
+    assert sweep["label"].tolist() == ["1P1D", "2P1D", "1P2D", "3P1D"]
+    assert sweep["budget_gpus"].tolist() == [6, 8, 10, 10]  # 7 GPUs: no exact fill
+    assert (sweep["gpus"] == sweep["budget_gpus"]).all()
+    assert sweep["rate_rps"].tolist() == pytest.approx([3, 5, 3, 5])
+    assert sweep["tpgs"].tolist() == pytest.approx([500, 625, 300, 500])
+    assert sweep["limit"].tolist() == ["prefill", "decode", "prefill", "decode"]
+    assert sweep["idle_fraction"].tolist() == pytest.approx([0.4, 1 / 6, 0.7, 4 / 9])
+    assert sweep["p_per_d"].tolist() == pytest.approx([1, 2, 0.5, 3])
+    assert ratio_sweep(3.0, 2, 5.0, 4, [1, 3]).empty  # nothing fits 1 or 3 GPUs
+
+
+def test_tpgs_peaks_at_the_rate_matched_ratio_t10():
+    # theory.md §13 T10: lam_D / lam_P = 2.99 prefill per generate server. On a continuous
+    # ratio, TPGS = min(r lam_P, lam_D) T / (r g_P + g_D) rises until r = lam_D / lam_P (the
+    # prefill stage limits) and falls after (decode limits while prefill GPUs are added).
+    lam_p = float(prefill_saturation_rps(0.91, 8192, 8192))
+    lam_d = 32 / (512 * 0.019)
+    ratios = np.geomspace(0.5, 20, 2001)
+    curve = xpyd_rates(ratios, 1.0, lam_p, 8, lam_d, 8, tokens_per_request=8192 + 512)
+    peak = ratios[int(np.argmax(curve["tpgs"]))]
+    assert peak == pytest.approx(rate_matched_ratio(lam_p, lam_d), rel=3e-3)
+    assert (curve["limit"][ratios < 2.9] == "prefill").all()
+    assert (curve["limit"][ratios > 3.1] == "decode").all()
+    # at the peak no stage idles; both capacities equal
+    at = curve.iloc[int(np.argmax(curve["tpgs"]))]
+    assert at["idle_fraction"] < 3e-3

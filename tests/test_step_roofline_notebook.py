@@ -19,4 +19,9 @@ def test_roofline_notebook_places_decode_left_and_prefill_right(tmp_path):
     assert head["prefill_time_share_memory_bound"] < 0.1
     assert head["prefill_bottleneck"] == "compute"
     assert 0.3 < head["prefill_mfu"] < 0.9
+    # points are named by op: at batch 16 the decode step reads the MLP weights, 3 x 4096 x
+    # 14336 x 32 layers = 5.6e9 bf16 params (11.3 GB), more than the attention projections
+    # (1.3e9 params) or the KV (16 seqs x 2048 tokens x 131,072 B = 4.3 GB)
+    assert head["decode_top_op"] == "dense MLP"
+    assert head["prefill_top_op"] == "dense MLP"
     assert (tmp_path / "roofline.png").exists() and (tmp_path / "roofline.svg").exists()
