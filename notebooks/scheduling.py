@@ -15,6 +15,7 @@ tp: int = 1  # tensor parallel degree
 workload: str = "agentx"  # workload profile
 long_prefill_token_threshold: int = 512  # the threshold compared against 0 (off)
 max_num_batched_tokens: int = 8192  # token budget per engine step
+prefill_schedule_interval: int = 8  # prefill every Nth step, aligned across DP ranks (InferenceX DSv4 DEP lane: 8)
 slo_p90_interactivity: float = 50.0  # tok/s per user that 90% of requests must reach
 concurrencies: list = [8, 16, 32, 64, 128, 256]  # closed-loop sessions swept per replica
 at_concurrency: int = 128  # load at which both policies are compared side by side
@@ -34,8 +35,11 @@ output_dir: str = "."  # where figures and headline.json go
 # alongside the cold one, and the lock-stepped ranks pay the slowest rank's small chunk instead
 # of each rank's whole-budget chunk in turn.
 #
-# The closed form (`model.serving`) sweeps sessions for both policies; the simulator
-# (`model.simulate`) shows the step timeline the mechanism comes from.
+# Both policies run at the same `--prefill-schedule-interval` (8 by default, InferenceX's DEP
+# cadence): prefill lands on every 8th step on all ranks at once, so with the threshold the
+# ranks carry small chunks side by side; without it each admitting step still carries a rank's
+# whole-budget chunk of a cold prompt. The closed form (`model.serving`) sweeps sessions for both
+# policies; the simulator (`model.simulate`) shows the step timeline the mechanism comes from.
 
 # %%
 # ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
@@ -55,15 +59,13 @@ if reference_step_model:
     step = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
     dp = 1
 else:
-    from model.architecture import load_architecture
-    from model.hardware import load_hardware
     from model.parallel import ParallelPlan
-    from model.step import build_step_model
+    from model.plan import step_model
 
-    step = build_step_model(load_architecture(arch), load_hardware(hardware),
-                            ParallelPlan(tp=tp, dp=dp, ep=ep))
+    step = step_model(arch, hardware, ParallelPlan(tp=tp, dp=dp, ep=ep))  # served per recipe
 w = load_workload(workload)
-policy = EnginePolicy(max_num_batched_tokens, 256, 0)
+policy = EnginePolicy(max_num_batched_tokens, 256, 0,
+                      prefill_schedule_interval if dp > 1 else 1)
 effect = threshold_effect(step, w, policy, threshold=long_prefill_token_threshold,
                           slo_p90_interactivity=slo_p90_interactivity,
                           concurrencies=[int(c) for c in concurrencies],
