@@ -23,18 +23,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from model import ROOT
 from model.dtypes import dtype
 from model.errors import Infeasible, ServecastError, SpecError
 from model.specio import (
-    DATE,
     ID,
     Source,
+    Sourced,
     Strict,
-    date_text,
-    id_list,
     read_yaml_mapping,
     validation_problem,
 )
@@ -83,27 +81,13 @@ PEAK_RANGE = (1e12, 1e17)  # FLOP/s, dense, one GPU package
 MAMF_RANGE = (0.05, 1.0)
 RENTAL_RANGE = (0.1, 100.0)  # USD per GPU-hour
 
-class Quantity(Strict):
+class Quantity(Sourced):
     value: float
-    unit: str
-    source: list[str]
-    date: Annotated[str, Field(pattern=DATE)]
-    note: str | None = None
-
-    _dates = field_validator("date", mode="before")(date_text)
-    _ids = field_validator("source", mode="before")(id_list)
 
 
-class Span(Strict):
+class Span(Sourced):
     low: float
     high: float
-    unit: str
-    source: list[str]
-    date: Annotated[str, Field(pattern=DATE)]
-    note: str | None = None
-
-    _dates = field_validator("date", mode="before")(date_text)
-    _ids = field_validator("source", mode="before")(id_list)
 
 
 class CalibrationReference(Strict):

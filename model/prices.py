@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 
 from model import ROOT
 from model.errors import ServecastError, SpecError
-from model.specio import DATE, Source, Strict, date_text, id_list, validated
+from model.specio import DATE, Source, Sourced, Strict, date_text, id_list, validated
 
 PRICES_DIR = ROOT / "data" / "prices"
 API_PRICES = PRICES_DIR / "api.yaml"
@@ -74,19 +74,12 @@ class ApiPriceFile(Strict):
     sources: dict[str, Source]
 
 
-class CostParameter(Strict):
+class CostParameter(Sourced):
     """One owned-cost input: default `value` and the range worth sweeping."""
 
     value: float
     low: float
     high: float
-    unit: str
-    source: list[str]
-    date: Annotated[str, Field(pattern=DATE)]
-    note: str | None = None
-
-    _dates = field_validator("date", mode="before")(date_text)
-    _ids = field_validator("source", mode="before")(id_list)
 
 
 class OwnedCostFile(Strict):

@@ -444,8 +444,11 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
     # with prefill_schedule_interval N a prompt's k chunks run N steps apart: its own span is
     # N (k - 1) + 1 steps (the wait for the first prefill slot, (N - 1) / 2 steps, is `extra`)
     own_steps = interval * (np.maximum(k, 1.0) - 1.0) + 1.0
+    # lock-stepped ranks: each of the prompt's steps also waits for the other ranks' prefill
+    # (their share of the mean extension per step)
+    t_lock = td + (tbar - td) * (1.0 - 1.0 / eng.dp)
     if np.isinf(cap):
-        service = own_steps * td + ext
+        service = own_steps * t_lock + ext
         rho_p = x * float(service.mean())
         if rho_p >= 1.0:
             return _State(x, b, td, tbar, k, ext, service, rho_p, 0.0, share,
@@ -488,7 +491,11 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         extra = (interval - 1) / 2.0 * tbar + in_flight
         pick = np.linspace(0, len(k) - 1, min(len(k), 1500)).astype(int)
         kk = np.maximum(k[pick], 1.0) * interval  # others' runs span k * interval steps
-        shots = (eng.dp * x * tbar, ext[pick] / kk, kk, own_steps, own_steps * td + ext)
+        # lock-stepped ranks wait for the slowest, so the others' runs add up to the mean
+        # step's extension (tbar - td), not to the sum of their heights
+        lam = eng.dp * x * tbar
+        shot_scale = (tbar - td) / max(lam * float(ext[pick].mean()), 1e-30)
+        shots = (lam, shot_scale * ext[pick] / kk, kk, own_steps, own_steps * td + ext)
     st = _State(x, b, td, tbar, k, ext, base, rho_p, wait, share, "", wait_scale,
                 mix.z if n_sessions else None, extra, shots)
     if np.isinf(cap):

@@ -40,6 +40,18 @@ class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
+class Sourced(Strict):
+    """A number's provenance: its unit, the source ids it comes from, when, and a note."""
+
+    unit: str
+    source: list[str]
+    date: Annotated[str, Field(pattern=DATE)]
+    note: str | None = None
+
+    _dates = field_validator("date", mode="before")(date_text)
+    _ids = field_validator("source", mode="before")(id_list)
+
+
 class Source(Strict):
     title: str
     url: str | None = None
