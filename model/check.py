@@ -22,6 +22,10 @@ What a record does not say, read by documented rules (each with its evidence):
   aiconfigurator reading: there SGLang's TTFT grows with the whole wave (C ISL / budget prefill
   steps) and its TPOT carries the wave's prefill, which takes fixed-length requests that come
   back together;
+- engine settings that change admission (`engine_for_row`): the InferenceMAX recipes behind
+  the aggregated rows (SGLang's scheduler-recv-interval and chunked-prefill size for DeepSeek,
+  TensorRT-LLM's attention-DP balancing and the Llama batch waiting; sources next to the
+  rule); every other row runs the engines' defaults;
 - disaggregated worker counts left blank (NaN): None, inferred by
   `model.estimate.infer_decode_workers` / `infer_prefill_workers` (the fewest decode workers
   whose KV pools hold the C running sequences, the fewest prefill workers that keep up); those
@@ -41,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from model.closed_loop import Protocol
+from model.closed_loop import EngineConfig, Protocol
 from model.errors import ServecastError
 from model.estimate import Disagg, estimate
 from model.parallel import ParallelPlan, is_moe
@@ -71,6 +75,7 @@ class Case:
     ttft_ms: float
     tpot_ms: float
     protocol: Protocol = Protocol()
+    engine: EngineConfig = EngineConfig()
 
 
 # Benchmark protocol by provenance (see the module docstring): first match in the source wins
@@ -85,6 +90,57 @@ def protocol_for_source(source) -> Protocol:
         if pattern in text:
             return protocol
     return INFERENCEMAX
+
+
+# Engine settings of the InferenceMAX recipes that change admission (SemiAnalysisAI/InferenceX,
+# benchmarks/*.sh at commit 1fc5d73, the scripts behind the `db-dump` / `source_file=2026-...`
+# aggregated rows; disaggregated rows ran srt-slurm recipes, not read here):
+# - SGLang DeepSeek on B200 (dsr1_fp8_b200.sh, dsr1_fp4_b200.sh): `--scheduler-recv-interval`
+#   30 from 16 clients on (10 below; fp8 at TP4: 10), `--chunked-prefill-size` 32768 (fp8 TP8),
+#   8192 (fp8 TP4), 16384 (fp4);
+# - SGLang DeepSeek on H200 (dsr1_fp8_h200.sh): receive every iteration, chunked prefill 32768;
+# - TensorRT-LLM DeepSeek with attention DP (dsr1_fp8_*_trt*.sh, dsr1_fp4_b200_trt*.sh):
+#   `attention_dp_config: {enable_balance: true, timeout_iters: 60}`; gpt-oss with attention DP
+#   (gptoss_fp4_b200_trt.sh): `enable_balance: true` with TensorRT-LLM's default timeout (50
+#   iterations; assumption: the AttentionDpConfig default of the 1.x releases) and
+#   `--max_num_tokens 20000`;
+# - TensorRT-LLM Llama 3.1 70B at 1K/1K below TP8 (70b_fp4_b200_trt_slurm.sh,
+#   70b_fp8_*_trt_slurm.sh): `batch_wait_timeout_iters: 20, batch_wait_max_tokens_ratio: 0.9`
+#   with `--max_num_tokens` = the max model length (assumption: ISL + OSL + 256, what the
+#   InferenceMAX workflow passes).
+ADP_TIMEOUT_DEEPSEEK = 60.0
+ADP_TIMEOUT_DEFAULT = 50.0
+
+
+def engine_for_row(row, protocol: Protocol, plan: ParallelPlan | None) -> EngineConfig:
+    """The engine settings a calibration-CSV row ran with, where its recipe is known (see
+    above); the engines' defaults otherwise."""
+    if protocol is not INFERENCEMAX or row.get("mode") != "agg" or plan is None:
+        return EngineConfig()
+    model = str(row.get("model_path", "")).lower()
+    backend, system = str(row.get("backend")), str(row.get("system"))
+    precision = str(row.get("precision"))
+    conc = _concurrency(row)
+    gpus = plan.tp * plan.dp
+    if backend == "sglang" and "deepseek" in model:
+        if system == "b200_sxm":
+            if precision == "fp8" and gpus <= 4:
+                return EngineConfig(recv_interval=10.0, max_num_batched_tokens=8192)
+            return EngineConfig(recv_interval=30.0 if conc >= 16 else 10.0,
+                                max_num_batched_tokens=32768 if precision == "fp8" else 16384)
+        if system == "h200_sxm":
+            return EngineConfig(max_num_batched_tokens=32768)
+    if backend == "trtllm":
+        if "gpt-oss" in model:
+            return EngineConfig(adp_timeout_iters=ADP_TIMEOUT_DEFAULT,
+                                max_num_batched_tokens=20000)
+        if "deepseek" in model:
+            return EngineConfig(adp_timeout_iters=ADP_TIMEOUT_DEEPSEEK)
+        isl, osl = _int(row.get("isl")), _int(row.get("osl"))
+        if "llama-3.1-70b" in model and isl == 1024 and osl == 1024 and gpus < 8:
+            return EngineConfig(batch_wait_timeout_iters=20.0,
+                                batch_wait_tokens=0.9 * (isl + osl + 256))
+    return EngineConfig()
 
 
 def _workers(v) -> int | None:
@@ -139,12 +195,13 @@ def cases_from_csv(path: Path) -> list[Case]:
                             _workers(row.get("decode_num_workers")))
         else:
             plan = _plan(row)
+        protocol = protocol_for_source(row.get("silicon_data_source"))
         out.append(Case(str(row.get("id", i)), str(row["model_path"]), str(row["system"]),
                         str(row["backend"]), str(row["mode"]), _int(row["isl"]), _int(row["osl"]),
                         _concurrency(row), QUANT.get(str(row.get("gemm_quant_mode"))),
                         QUANT.get(str(row.get("moe_quant_mode"))), plan, disagg,
                         float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"]),
-                        protocol_for_source(row.get("silicon_data_source"))))
+                        protocol, engine_for_row(row, protocol, plan)))
     return out
 
 
@@ -293,7 +350,7 @@ def case_components(case: Case) -> dict:
     try:
         isl, osl = case.protocol.mean_length(case.isl), case.protocol.mean_length(case.osl)
         out = estimate(arch, hw, plan or ParallelPlan(), isl, osl, case.concurrency,
-                       disagg=disagg, protocol=case.protocol, **kw)
+                       disagg=disagg, protocol=case.protocol, engine=case.engine, **kw)
     except ServecastError as err:
         return {"skip": str(err)}
     if not out["feasible"]:

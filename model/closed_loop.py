@@ -38,7 +38,12 @@ prefill: (kernels + moe_prefill_scale * routed experts) * prefill_scale + networ
 - staggered (1 - sync): a prompt is prefilled alone (aggregated: with the running decodes riding
   along) and each running sequence's prefill interrupts the decode once per OSL tokens; on a
   dedicated prefill pool (disaggregated) it waits in an M/D/1 queue at the pool's load.
-Every request pays a fixed `request_overhead_s` before its first token. Little's law closes the
+Every request pays a fixed `request_overhead_s` before its first token. Admission settings of
+the engine (`EngineConfig`, read by provenance in `model.check`) add their waits, derived from
+the run's own rates and step times, not fitted: SGLang's `--scheduler-recv-interval N` ((N-1)/2
+decode iterations), TensorRT-LLM's attention-DP balancing (staggered context requests wait
+until every DP rank has one, at most `timeout_iters` iterations) and batch waiting (a prompt
+waits for more prompts up to `batch_wait_timeout_iters`). Little's law closes the
 loop, C = X (TTFT + (OSL-1) TPOT), with X at most what the KV pool (running sequences) and a
 dedicated prefill pool (servers / prefill time) sustain; clients beyond that wait in TTFT.
 
@@ -87,6 +92,32 @@ class Protocol:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings of a run that change when a request is admitted (defaults: each engine's
+    out-of-the-box behaviour; `model.check` reads the recipes' settings by provenance).
+
+    recv_interval: the scheduler takes new requests from the API server once every N decode
+    iterations (SGLang `--scheduler-recv-interval N`; a prefill iteration triggers the next
+    receive), so an arriving request waits (N - 1) / 2 iterations on average.
+    adp_timeout_iters: TensorRT-LLM attention-DP balancing (`attention_dp_config:
+    enable_balance: true, timeout_iters: N`; 0: off): a rank's context requests wait until every
+    DP rank has one, at most N iterations (PyExecutor._balance_adp_requests; the counter runs on
+    every iteration that is not balanced, so sparse arrivals are released every N iterations).
+    batch_wait_timeout_iters, batch_wait_tokens: TensorRT-LLM batch waiting
+    (`batch_wait_timeout_iters`, `batch_wait_max_tokens_ratio` x max_num_tokens; 0: off): while
+    decodes run, context requests wait until the step would carry batch_wait_tokens tokens, at
+    most the timeout (PyExecutor._waiting_requests; the counter runs only while a context
+    request waits).
+    max_num_batched_tokens: the prefill token budget of one step (None: the caller's default)."""
+
+    recv_interval: float = 1.0
+    adp_timeout_iters: float = 0.0
+    batch_wait_timeout_iters: float = 0.0
+    batch_wait_tokens: float = 0.0
+    max_num_batched_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class LoopFactors(EngineFactors):
     """A backend's engine factors plus the benchmark-protocol ones the closed loop needs
     (fitted by model.engine_fit, shared by all backends)."""
@@ -117,6 +148,29 @@ def md1_wait(load, service_s, servers=1.0):
     load / servers (capped below 1; the closed-loop throughput bound takes over beyond)."""
     rho = np.minimum(np.asarray(load, float) / np.maximum(servers, 1.0), MAX_PREFILL_LOAD)
     return rho * service_s / (2.0 * (1.0 - rho))
+
+
+def adp_balance_wait(dp, rate, t_iter, timeout_iters):
+    """Mean wait of a context request under attention-DP balancing: with staggered arrivals at
+    `rate` requests/s spread over `dp` ranks, a group is released once all ranks hold one
+    ((dp - 1) / (2 rate) on average over the group's requests) or at the timeout (an arrival
+    lands uniformly in a window of `timeout_iters` iterations: half of it on average)."""
+    dp = np.asarray(dp, float)
+    fill = (dp - 1.0) / (2.0 * np.maximum(np.asarray(rate, float), 1e-9))
+    return np.where(dp > 1, np.minimum(fill, 0.5 * timeout_iters * np.asarray(t_iter, float)),
+                    0.0)
+
+
+def batch_wait(tokens_needed, new_tokens, rate, t_iter, timeout_iters):
+    """Mean wait of a context request under batch waiting: the first request of a group waits
+    L = min(time until the missing prompts arrive, timeout), the X L others that join it less
+    (uniformly): L (n + 1) / (2 n) with n = 1 + X L."""
+    rate = np.maximum(np.asarray(rate, float), 1e-9)
+    prompts = np.ceil(np.maximum(np.asarray(tokens_needed, float), 0.0)
+                      / np.maximum(np.asarray(new_tokens, float), 1.0))
+    first = np.minimum(prompts / rate, np.asarray(timeout_iters, float) * np.asarray(t_iter, float))
+    n = 1.0 + rate * first
+    return np.where(np.asarray(timeout_iters, float) > 0, first * (n + 1.0) / (2.0 * n), 0.0)
 
 
 def step_times(c: Mapping, f: Mapping):
@@ -170,15 +224,29 @@ def loop_terms(c: Mapping, f: Mapping, sync=None) -> dict:
     capacity = np.where(dis > 0, c["prefill_servers"] * c["wave_prompts"] / t_wave, np.inf)
     x0 = c["running"] / (ttft_spread + request + (c["osl"] - 1.0) * tpot)
     queue = dis * md1_wait(x0 / capacity, prefill_alone, 1.0)
+    # attention-DP balancing holds staggered context requests (a synchronized wave fills every
+    # rank at once)
+    adp = c.get("adp_timeout_iters", 0.0)
+    balance = np.where(np.asarray(adp) > 0, adp_balance_wait(c.get("dp", 1.0), x0, t_dec, adp),
+                       0.0)
+    # TensorRT-LLM batch waiting: a prompt waits for more prompts (the step's own prompt and the
+    # decode tokens already count)
+    waited = batch_wait(c.get("batch_wait_tokens", 0.0) - c.get("new_tokens", 0.0)
+                        - c["running"] / np.maximum(c.get("dp", 1.0), 1.0),
+                        c.get("new_tokens", 1.0), x0, t_dec, c.get("batch_wait_iters", 0.0))
+    # the scheduler picks new requests up once every recv_interval decode iterations
+    admission = 0.5 * np.maximum(np.asarray(c.get("recv_interval", 1.0), float) - 1.0, 0.0) * t_dec
     prefill = sync * (ttft_sync - c["t_kv"]) + (1 - sync) * (ttft_spread - c["t_kv"])
-    ttft = prefill + c["t_kv"] + (1 - sync) * queue + request
+    ttft = prefill + c["t_kv"] + (1 - sync) * (queue + balance + waited) + request + admission
     x = np.minimum(c["running"] / (ttft + (c["osl"] - 1.0) * tpot), capacity)
     waiting = np.maximum(c["concurrency"] / x - (c["osl"] - 1.0) * tpot - ttft, 0.0)
     # streamed responses: the first token reaches the client some decode steps late
     lag = np.minimum(f["first_token_steps"] * t_dec, 0.5 * (c["osl"] - 1.0) * tpot)
     return {"t_dec": t_dec, "t_wave": t_wave, "t_one": t_one, "sync": sync,
             "prefill": prefill, "kv_transfer": c["t_kv"], "request_overhead": request,
-            "prefill_queue": (1 - sync) * queue, "waiting": waiting, "first_token_lag": lag,
+            "prefill_queue": (1 - sync) * queue, "adp_balance": (1 - sync) * balance,
+            "admission": admission, "batch_wait": (1 - sync) * waited,
+            "waiting": waiting, "first_token_lag": lag,
             "prefill_interference": tpot * c["spec"] - t_dec,
             "ttft": ttft + waiting + lag, "tpot": tpot - lag / osl1, "x": x}
 
@@ -204,6 +272,7 @@ def explain_terms(c: Mapping, f: Mapping) -> dict:
             "prefill_interference": t["prefill_interference"] / spec}
     ttft = {"prefill": t["prefill"], "kv_transfer": t["kv_transfer"],
             "request_overhead": t["request_overhead"], "first_token_stream": t["first_token_lag"],
-            "queueing": t["prefill_queue"] + t["waiting"]}
+            "queueing": t["prefill_queue"] + t["waiting"], "adp_balance": t["adp_balance"],
+            "admission": t["admission"], "batch_wait": t["batch_wait"]}
     return {"sync": t["sync"], "tpot": {k: float(v) for k, v in tpot.items()},
             "ttft": {k: float(v) for k, v in ttft.items()}}

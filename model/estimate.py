@@ -11,7 +11,9 @@ factors (`model.engine_fit`). The fit evaluates only `closed_loop`, vectorized o
 
 Arrivals: `arrival="benchmark"` (default) derives how synchronized the clients are from the
 protocol (rounds, fixed or drawn lengths) and the scheduler (see `model.closed_loop`);
-`"synchronized"` and `"staggered"` force either extreme.
+`"synchronized"` and `"staggered"` force either extreme. `engine` (`EngineConfig`) carries the
+engine settings that delay admission (scheduler receive interval, attention-DP balancing, batch
+waiting) and the prefill token budget; default: the engines' out-of-the-box behaviour.
 
 Disaggregated: prefill workers (x their DP ranks) take the prompts, the KV crosses the network
 to a decode worker, decode workers run batches of C/decode_workers sequences undisturbed. A
@@ -27,13 +29,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.closed_loop import SCHEDULER, Protocol, closed_loop
+from model.closed_loop import SCHEDULER, EngineConfig, Protocol, closed_loop
 from model.errors import Infeasible, ServecastError
 from model.parallel import ParallelPlan
 from model.step import StepModel, build_step_model
 
-__all__ = ["Disagg", "Protocol", "closed_loop", "estimate", "aggregated", "disaggregated",
-           "agg_components", "disagg_components", "infer_decode_workers",
+__all__ = ["Disagg", "EngineConfig", "Protocol", "closed_loop", "estimate", "aggregated",
+           "disaggregated", "agg_components", "disagg_components", "infer_decode_workers",
            "infer_prefill_workers"]
 
 MAX_NUM_BATCHED_TOKENS = 8192  # vLLM online-serving default on H100-class GPUs (and SGLang's chunk)
@@ -100,11 +102,19 @@ def infeasible(reason: str, **extra) -> dict:
             "memory_bytes_per_gpu": extra.pop("memory_bytes_per_gpu", None), **extra}
 
 
-def _protocol_parts(protocol: Protocol | None, backend: str) -> dict:
+def _protocol_parts(protocol: Protocol | None, backend: str,
+                    engine: EngineConfig | None = None, dp: int = 1, new: float = 0.0) -> dict:
+    """Benchmark-protocol and engine-admission components of a run (`model.closed_loop`):
+    attention-DP balancing needs dp > 1; batch waiting is a TP-only feature."""
     p = protocol or Protocol()
+    e = engine or EngineConfig()
     return {"rounds": float("nan") if p.rounds is None else float(p.rounds),
             "fixed_lengths": 1.0 if p.fixed_lengths else 0.0,
-            "prefill_first": 1.0 if SCHEDULER.get(backend) == "prefill_first" else 0.0}
+            "prefill_first": 1.0 if SCHEDULER.get(backend) == "prefill_first" else 0.0,
+            "recv_interval": float(e.recv_interval), "dp": float(dp), "new_tokens": float(new),
+            "adp_timeout_iters": float(e.adp_timeout_iters) if dp > 1 else 0.0,
+            "batch_wait_iters": float(e.batch_wait_timeout_iters) if dp == 1 else 0.0,
+            "batch_wait_tokens": float(e.batch_wait_tokens) if dp == 1 else 0.0}
 
 
 def _prefill_queue_steps(prompts, new_tokens, step_tokens):
@@ -135,7 +145,7 @@ def _kv_limit(sm: StepModel, isl: int, osl: int) -> float:
 # ---- components: the physics of one run, before engine factors ------------------------------------
 def agg_components(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_tokens: int = 0,
                    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                   protocol: Protocol | None = None) -> dict:
+                   protocol: Protocol | None = None, engine: EngineConfig | None = None) -> dict:
     """Kernel/network seconds of the steps an aggregated run is made of (engine factors apply
     later in `closed_loop`), and the counts that combine them."""
     new = float(isl - prefix_tokens)
@@ -163,13 +173,13 @@ def agg_components(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_t
             "per_rank": per_rank, "t_kv": 0.0, "disagg": 0.0, "prefill_servers": float(p.dp),
             "wave_prompts": wave_tokens / new,
             "spec": float(sm.tokens_per_decode_step), "max_running": max_running,
-            **_protocol_parts(protocol, sm.backend)}
+            **_protocol_parts(protocol, sm.backend, engine, p.dp, new)}
 
 
 def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: int,
                       concurrency: int, prefix_tokens: int = 0,
                       max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                      protocol: Protocol | None = None) -> dict:
+                      protocol: Protocol | None = None, engine: EngineConfig | None = None) -> dict:
     new = float(isl - prefix_tokens)
     cap = _kv_limit(dec, isl, osl)
     if float(pre.kv_capacity_tokens(isl)) < isl:
@@ -206,7 +216,11 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
             "prefill_servers": float(servers), "wave_prompts": wave_tokens / new,
             "spec": float(dec.tokens_per_decode_step),
             "max_running": cap * decode_workers, "prefill_workers": float(prefill_workers),
-            "decode_workers": float(decode_workers), **_protocol_parts(protocol, dec.backend)}
+            "decode_workers": float(decode_workers),
+            # the transferred requests join the decode batch without context phase: no
+            # attention-DP balancing there, and the prefill workers have no decodes to balance
+            **_protocol_parts(protocol, dec.backend, engine and EngineConfig(
+                engine.recv_interval), 1, new)}
 
 
 def loop_factors(sm: StepModel):
@@ -231,10 +245,11 @@ def _run(comp: dict, sm: StepModel, arrival: str):
 
 def aggregated(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_tokens: int = 0,
                max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-               arrival: str = "benchmark", protocol: Protocol | None = None) -> dict:
+               arrival: str = "benchmark", protocol: Protocol | None = None,
+               engine: EngineConfig | None = None) -> dict:
     """Closed-loop steady state of one aggregated replica."""
     comp = agg_components(sm, isl, osl, concurrency, prefix_tokens, max_num_batched_tokens,
-                          protocol)
+                          protocol, engine)
     ttft, tpot, x = _run(comp, sm, arrival)
     memory = float(sm.memory_bytes_per_gpu(comp["running"], isl + osl))
     return _result(ttft, tpot, x, isl, osl, sm.gpus, memory,
@@ -246,10 +261,11 @@ def aggregated(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_token
 def disaggregated(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: int,
                   concurrency: int, prefix_tokens: int = 0,
                   max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                  arrival: str = "benchmark", protocol: Protocol | None = None) -> dict:
+                  arrival: str = "benchmark", protocol: Protocol | None = None,
+                  engine: EngineConfig | None = None) -> dict:
     """Prefill pool -> KV transfer -> decode pool, closed loop of `concurrency` clients."""
     comp = disagg_components(pre, dec, d, isl, osl, concurrency, prefix_tokens,
-                             max_num_batched_tokens, protocol)
+                             max_num_batched_tokens, protocol, engine)
     ttft, tpot, x = _run(comp, dec, arrival)
     n_pre, n_dec = int(comp["prefill_workers"]), int(comp["decode_workers"])
     gpus = pre.gpus * n_pre + dec.gpus * n_dec
@@ -270,12 +286,16 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
              breakdown: bool = False, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
              moe_precision: str | None = None, arrival: str = "benchmark",
              cross_domain_tp: bool = False, spec_tokens: int = 0,
-             spec_acceptance: float = 0.0, protocol: Protocol | None = None) -> dict:
+             spec_acceptance: float = 0.0, protocol: Protocol | None = None,
+             engine: EngineConfig | None = None) -> dict:
     """The `servecast estimate` contract: ttft_ms, tpot_ms, output/total tokens per s per GPU,
     memory_bytes_per_gpu, feasible, reason (+ mode, plans, optional per-op breakdown).
     `protocol`: the benchmark's rounds and length distribution (default: fixed lengths, the
-    fitted number of rounds)."""
+    fitted number of rounds); `engine`: admission settings (`EngineConfig`; its
+    max_num_batched_tokens, when set, replaces the argument)."""
     _check_inputs(isl, osl, concurrency, prefix_tokens)
+    if engine is not None and engine.max_num_batched_tokens:
+        max_num_batched_tokens = int(engine.max_num_batched_tokens)
     if spec_tokens < 0 or not 0.0 <= spec_acceptance <= 1.0:
         raise ServecastError(f"--spec-tokens must be >= 0 and --spec-acceptance in [0, 1] "
                              f"(got {spec_tokens}, {spec_acceptance})")
@@ -285,7 +305,7 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
         if disagg is None:
             sm = build_step_model(arch, hw, plan, precision, kv_dtype, backend, **kw)
             out = aggregated(sm, isl, osl, concurrency, prefix_tokens, max_num_batched_tokens,
-                             arrival, protocol)
+                             arrival, protocol, engine)
             models = {"step": sm}
             per_decoder = out["running_seqs"]
         else:
@@ -294,7 +314,7 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
             dec = build_step_model(arch, hw, disagg.decode_plan, precision, kv_dtype, backend,
                                    **kw)
             out = disaggregated(pre, dec, disagg, isl, osl, concurrency, prefix_tokens,
-                                max_num_batched_tokens, arrival, protocol)
+                                max_num_batched_tokens, arrival, protocol, engine)
             models = {"prefill": pre, "decode": dec}
             per_decoder = out["running_seqs"] / out["decode_workers"]
     except Infeasible as why:

@@ -82,7 +82,8 @@ class EngineFactors:
     moe_scale: float = 1.0  # routed-expert kernel time of decode tokens (routing, permute)
     moe_prefill_scale: float = 1.0  # the same for prefill tokens (expert load imbalance)
     request_overhead_s: float = 0.0  # fixed per-request time before the first token
-    first_token_steps: float = 0.0  # decode steps before the first token reaches the client
+    first_token_steps: float = 0.0  # residual first-token path, in decode steps (engines send
+    # the first token at once; what the fit puts here is streaming/detokenize lag left over)
     disagg_prefill_scale: float = 1.0  # prefill_scale of disaggregated prefill workers
     disagg_decode_scale: float = 1.0  # decode step of disaggregated decode workers
     disagg_request_overhead_s: float = 0.0  # request path router -> prefill -> decode worker

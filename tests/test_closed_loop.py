@@ -8,7 +8,9 @@ import pytest
 from model.closed_loop import (
     LoopFactors,
     Protocol,
+    adp_balance_wait,
     arrival_sync,
+    batch_wait,
     closed_loop,
     explain_terms,
     loop_terms,
@@ -111,7 +113,8 @@ def test_loop_terms_add_up_to_ttft():
     f = {**PLAIN, "first_token_steps": 3.0}
     t = loop_terms({**BASE, "concurrency": 8.0}, f)
     parts = (t["prefill"] + t["kv_transfer"] + t["prefill_queue"] + t["request_overhead"]
-             + t["waiting"] + t["first_token_lag"])
+             + t["waiting"] + t["first_token_lag"] + t["adp_balance"] + t["admission"]
+             + t["batch_wait"])
     assert t["ttft"] == pytest.approx(parts)
     # derived sync of the run: 10 rounds on a mixed engine -> the burst share 0.1
     assert t["sync"] == pytest.approx(0.1)
@@ -129,3 +132,44 @@ def test_vectorized_over_runs():
     runs["concurrency"] = np.array([4.0, 8.0])
     ttft, tpot, x = closed_loop(runs, PLAIN, sync=0.0)
     assert ttft.shape == (2,) and ttft[1] > ttft[0] and tpot[0] == tpot[1]
+
+
+def test_adp_balance_wait_by_hand():
+    # 8 DP ranks, 2 requests/s: a group fills after 7 more arrivals, 7 / (2 * 2) = 1.75 s on
+    # average; the 60-iteration timeout at 20 ms per iteration releases every 1.2 s: 0.6 s
+    assert adp_balance_wait(8, 2.0, 0.020, 60) == pytest.approx(0.6)
+    # 100 requests/s fill the ranks first: 7 / 200 s
+    assert adp_balance_wait(8, 100.0, 0.020, 60) == pytest.approx(0.035)
+    assert adp_balance_wait(1, 2.0, 0.020, 60) == 0.0  # nothing to balance without DP
+
+
+def test_adp_balance_delays_staggered_requests_only():
+    run = {**BASE, "dp": 8.0, "adp_timeout_iters": 60.0}
+    t0, t = loop_terms(BASE, PLAIN, sync=0.0), loop_terms(run, PLAIN, sync=0.0)
+    # rate of the staggered run: 4 / (0.08 s + 100 * 0.012 s) = 3.125/s; fill 7 / 6.25 s =
+    # 1.12 s; timeout 0.5 * 60 * 10 ms = 0.3 s: 0.3 s more to the first token
+    assert t["ttft"] - t0["ttft"] == pytest.approx(0.3)
+    assert t["tpot"] == pytest.approx(t0["tpot"])
+    # a synchronized wave fills every rank at once
+    assert loop_terms(run, PLAIN, sync=1.0)["ttft"] == pytest.approx(
+        loop_terms(BASE, PLAIN, sync=1.0)["ttft"])
+
+
+def test_recv_interval_admission_wait():
+    # SGLang --scheduler-recv-interval 30: a new request waits (30 - 1) / 2 decode iterations of
+    # 10 ms for the scheduler to pick it up; every engine receives at least every iteration
+    run = {**BASE, "recv_interval": 30.0}
+    for sync in (0.0, 1.0):
+        gap = closed_loop(run, PLAIN, sync)[0] - closed_loop(BASE, PLAIN, sync)[0]
+        assert gap == pytest.approx(14.5 * 0.010)
+    assert loop_terms({**BASE, "recv_interval": 1.0}, PLAIN)["admission"] == 0.0
+
+
+def test_batch_wait_by_hand():
+    # 1000 more tokens wanted, 1024-token prompts: one more prompt, 0.5 s away at 2/s; the
+    # 20-iteration timeout (10 ms each) comes first: the first request waits 0.2 s, and the
+    # 2 * 0.2 = 0.4 that join it on average less: 0.2 * (1.4 + 1) / (2 * 1.4)
+    assert batch_wait(1000.0, 1024.0, 2.0, 0.010, 20.0) == pytest.approx(0.2 * 2.4 / 2.8)
+    # enough tokens already: no wait; the feature off: no wait
+    assert batch_wait(-5.0, 1024.0, 2.0, 0.010, 20.0) == 0.0
+    assert batch_wait(1000.0, 1024.0, 2.0, 0.010, 0.0) == 0.0

@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 
 from model.architecture import load_architecture
+from model.closed_loop import loop_terms
+from model.engine_fit import load_loop_factors
 from model.errors import ServecastError
-from model.estimate import Disagg, estimate, infer_decode_workers, infer_prefill_workers
+from model.estimate import (
+    Disagg,
+    EngineConfig,
+    estimate,
+    infer_decode_workers,
+    infer_prefill_workers,
+)
 from model.hardware import load_hardware
 from model.parallel import ParallelPlan
 
@@ -151,3 +159,19 @@ def test_mtp_speculative_decoding_cuts_tpot(h200):
     assert base["tpot_ms"] / 2.533 < mtp["tpot_ms"] < base["tpot_ms"]
     with pytest.raises(ServecastError, match="spec"):
         estimate(ds, h200, plan, 1024, 1024, 8, spec_tokens=2, spec_acceptance=1.5)
+
+
+def test_engine_config_reaches_the_closed_loop(llama70b, h200):
+    plan = ParallelPlan(tp=4, moe_tp=4)
+    kw = dict(precision="fp8", backend="sglang")
+    base = estimate(llama70b, h200, plan, 1024, 1024, 32, **kw)
+    slow = estimate(llama70b, h200, plan, 1024, 1024, 32,
+                    engine=EngineConfig(recv_interval=30.0, max_num_batched_tokens=16384), **kw)
+    comp = slow["components"]
+    assert comp["recv_interval"] == 30.0 and base["components"]["recv_interval"] == 1.0
+    # the budget reaches the wave: 32 prompts of 1024 tokens in 16384-token steps
+    assert comp["wave_steps"] == 2.0 and base["components"]["wave_steps"] == 4.0
+    # the admission wait is (30 - 1) / 2 decode iterations of the run itself
+    t = loop_terms(comp, load_loop_factors("sglang"))
+    assert float(t["admission"]) == pytest.approx(14.5 * float(t["t_dec"]))
+    assert slow["ttft_ms"] > base["ttft_ms"] + 0.5 * float(t["admission"]) * 1e3
