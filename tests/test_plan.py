@@ -9,7 +9,7 @@ import pytest
 from model.cli import main
 from model.hardware import load_hardware
 from model.parallel import ParallelPlan
-from model.plan import decode_capacity_by_family, plan, plan_family, prefill_time_s, step_model
+from model.plan import plan, plan_family, prefill_time_s, step_model
 
 SMALL = {"arch": "qwen3-32b", "hardware": "h100-sxm", "gpus": 2, "workload": "agentx",
          "slo_p90_interactivity": 20.0}
@@ -119,21 +119,6 @@ def test_different_chips_for_prefill_and_decode():
     assert r.cost.tco_usd_per_hour == pytest.approx(expected)
     # stage 1 saturation rows exist for both phases
     assert set(r.saturation["phase"]) == {"prefill", "decode"}
-
-
-def test_dcp_helps_kimi_k3_but_not_deepseek_v4():
-    # Post lesson (theory.md §1.0): DCP beats the default for Kimi K3 (MLA + KDA, KV-capacity
-    # bound at agentic context), while for DeepSeek V4 "DCP only matched DEP". Stage-1 decode
-    # saturation on 8 GB300 at 140K context, 479-token outputs, P90 >= 50 tok/s, per family.
-    def best(arch):
-        df = decode_capacity_by_family(arch, "gb300-nvl72", 8, 140_000, 479, 50.0)
-        per = df.groupby("family")["decode_tokens_per_s_per_gpu"].max()
-        return per.get("DCP", 0.0), per.drop("DCP", errors="ignore").max()
-
-    k3_dcp, k3_other = best("kimi-k3")
-    assert k3_dcp > 1.2 * k3_other  # DCP's KV capacity lets the batch grow under the SLO
-    v4_dcp, v4_other = best("deepseek-v4-pro")
-    assert v4_dcp <= v4_other  # compressed sparse KV is small: DCP's comms buy nothing
 
 
 def test_dep_vs_tp_decode_deepseek_v4():
