@@ -16,14 +16,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from model import ROOT
 from model.errors import ServecastError, SpecError
 from model.families import deepseek, gqa, hybrid, mixed_window
 from model.families.common import Builder, Parts
 from model.families.quant import QuantScheme, override, parse_quant
 from model.layers import Architecture, Linear
+from model.specio import load_yaml
 
 DATA = ROOT / "data" / "architectures"
 
@@ -74,7 +73,7 @@ def _hf_id(path: Path) -> str:
 @lru_cache(maxsize=1)
 def _index() -> tuple[dict[str, Entry], tuple[str, ...]]:
     """Lower-cased name -> Entry, and the canonical names (one per config file)."""
-    meta = yaml.safe_load((DATA / "aliases.yaml").read_text()) or {}
+    meta = load_yaml((DATA / "aliases.yaml").read_text()) or {}
     slugs: dict[str, str] = meta.get("slugs") or {}
     by_hf: dict[str, Entry] = {}
     for path in sorted((DATA / "hf").glob("*_config.json")):

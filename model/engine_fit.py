@@ -54,6 +54,7 @@ import pandas as pd
 import yaml
 
 from model import ROOT
+from model.specio import load_yaml
 
 ENGINE_YAML = ROOT / "data" / "calibration" / "engine.yaml"
 E2E_CSV = ROOT / "data" / "calibration" / "e2e_measured.csv"
@@ -74,7 +75,7 @@ _N = len(FITTED)
 def _table() -> dict:
     if not ENGINE_YAML.exists():
         return {}
-    return yaml.safe_load(ENGINE_YAML.read_text()) or {}
+    return load_yaml(ENGINE_YAML.read_text()) or {}
 
 
 def load_factors(backend: str, system: str | None = None):

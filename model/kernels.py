@@ -29,11 +29,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 from model import ROOT
 from model.dtypes import dtype
 from model.errors import ServecastError
+from model.specio import load_yaml
 
 KERNELS_YAML = ROOT / "data" / "calibration" / "kernels.yaml"
 MEASURED_CHIPS = ("h100_sxm", "h200_sxm", "b200_sxm")
@@ -86,7 +85,7 @@ def fitted_table() -> dict:
     path = Path(KERNELS_YAML)
     if not path.exists():
         return {}
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path.read_text()) or {}
     return data.get("chips", {})
 
 

@@ -9,10 +9,10 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from model.errors import SpecError
+from model.specio import load_yaml
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "data" / "deployments"
 
@@ -61,7 +61,7 @@ class Recipe(BaseModel):
 def load_recipes() -> tuple[Recipe, ...]:
     out = []
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
         if isinstance(data, dict) and "date" in data:
             data["date"] = str(data["date"])  # YAML reads 2026-11-29 as a date
         try:

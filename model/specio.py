@@ -36,6 +36,12 @@ def date_text(value: Any) -> Any:
     return value
 
 
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load, through libyaml's C parser when PyYAML has it (same results, ~10x faster
+    on the calibration tables)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -148,7 +154,7 @@ def read_yaml_mapping(path: Path) -> dict:
     if not path.is_file():
         raise SpecError(path, "file", "not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""

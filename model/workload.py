@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from model import ROOT
 from model.errors import ServecastError, SpecError
+from model.specio import load_yaml
 
 WORKLOADS_DIR = ROOT / "data" / "workloads"
 
@@ -386,7 +387,7 @@ def load_workload(name_or_path: str) -> Workload:
         raise ServecastError(f"unknown workload {name_or_path!r}; allowed: "
                              f"{', '.join(list_workloads())} or a path to a .yaml profile")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise SpecError(path, "<root>", f"not valid YAML ({err.__class__.__name__})") from None
     return workload_from_dict(data, path)
