@@ -14,12 +14,10 @@ from model.plan import _MODEL_CACHE, _PLANS_CACHE, DEFAULT_SCENARIO, plan
 
 def bench_search(**scenario) -> dict:
     args = {**DEFAULT_SCENARIO, **scenario}
-    from model.plan import _load
-
     # data read once per process, not timed: spec files, the calibration tables and the
     # workload's recorded sessions
     from model import kernels
-    from model.plan import traffic_for
+    from model.plan import _load, traffic_for
     from model.step import engine_factors
 
     _, _, w = _load(args["arch"], args["hardware"], args["workload"])
