@@ -447,8 +447,14 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
     # lock-stepped ranks: each of the prompt's steps also waits for the other ranks' prefill
     # (their share of the mean extension per step)
     t_lock = td + (tbar - td) * (1.0 - 1.0 / eng.dp)
+    # The other ranks' runs make long steps come in runs: an arrival most likely lands in one
+    # (its residual, E[T^2] / 2E[T]) and its own first step is most likely another (size-biased,
+    # E[T^2] / E[T]); the second moment counts the other dp - 1 ranks' runs.
+    m2_others = td * td + 2.0 * td * (tbar - td) * (1.0 - 1.0 / eng.dp) \
+        + ext2 * (eng.dp - 1.0)
+    t_first = max(m2_others / t_lock, t_lock)  # steps the own rank does not extend: mean t_lock
     if np.isinf(cap):
-        service = own_steps * t_lock + ext
+        service = t_first + (own_steps - 1.0) * t_lock + ext
         rho_p = x * float(service.mean())
         if rho_p >= 1.0:
             return _State(x, b, td, tbar, k, ext, service, rho_p, 0.0, share,
@@ -464,7 +470,7 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # the queue's wait covers arrivals during a prefill; idle arrivals wait out half a
         # decode step
         base = service
-        extra = (interval - 1) / 2.0 * tbar + busy * td / 2.0
+        extra = (interval - 1) / 2.0 * tbar + busy * m2_others / (2.0 * t_lock)
         # The server works on tokens, not requests: a prompt's last step has `room` tokens of
         # budget left, which the scheduler hands to the next queued prompt, so that step (and
         # this prompt's first token) lasts longer by the next prompt's chunk. The next prompt is
