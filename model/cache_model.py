@@ -168,13 +168,22 @@ _curves: dict[int, tuple] = {}
 def _occupancy_curve(sample: SessionSample, sessions: float) -> tuple[np.ndarray, np.ndarray]:
     """(T grid, KV the sessions keep resident with characteristic time T): N E[c min(g,T)]/E[g],
     nondecreasing in T. The per-session curve is computed once per sample."""
+    _, grid, per_session, _ = _curve_entry(sample)
+    return grid, sessions * per_session
+
+
+def _curve_entry(sample: SessionSample) -> tuple:
+    """(sample, T grid, per-session occupancy, per-session occupancy at each turn's gap), once
+    per sample: a search asks the closed form for hundreds of capacities and session counts,
+    and every answer is linear in the session count."""
     key = id(sample)
     if key not in _curves or _curves[key][0] is not sample:
         if len(_curves) > 32:
             _curves.clear()
-        _curves[key] = (sample, *_per_session_occupancy(sample))
-    _, grid, per_session = _curves[key]
-    return grid, sessions * per_session
+        grid, per_session = _per_session_occupancy(sample)
+        at_gaps = np.interp(np.minimum(sample.gap_s, grid[-1]), grid, per_session)
+        _curves[key] = (sample, grid, per_session, at_gaps)
+    return _curves[key]
 
 
 def _per_session_occupancy(sample: SessionSample) -> tuple[np.ndarray, np.ndarray]:
@@ -193,10 +202,10 @@ def _per_session_occupancy(sample: SessionSample) -> tuple[np.ndarray, np.ndarra
     return grid, mean / max(np.minimum(g, LIVE_WINDOW_S).mean(), 1e-9)
 
 
-def _footprint(sample: SessionSample, sessions: float, gap_s: np.ndarray) -> np.ndarray:
-    """Distinct KV `sessions` sessions touch within a gap: the occupancy curve read at T = gap."""
-    grid, occupied = _occupancy_curve(sample, sessions)
-    return np.interp(np.minimum(gap_s, grid[-1]), grid, occupied)
+def _footprint(sample: SessionSample, sessions: float) -> np.ndarray:
+    """Distinct KV `sessions` sessions touch within each turn's gap: the occupancy curve read
+    at T = gap."""
+    return sessions * _curve_entry(sample)[3]
 
 
 def characteristic_time_s(sample: SessionSample, capacity_tokens, sessions: float):
@@ -209,9 +218,25 @@ def characteristic_time_s(sample: SessionSample, capacity_tokens, sessions: floa
     return float(out) if out.ndim == 0 else out
 
 
+_cached_parts: dict[tuple, tuple] = {}
+
+
 def _cached_part(sample: SessionSample, policy: str, replicas: int, routing: str,
                  pooled: bool) -> np.ndarray:
-    """Tokens of each turn that a big-enough cache serves under the policy and routing."""
+    """Tokens of each turn that a big-enough cache serves under the policy and routing (kept per
+    sample: a search asks about hundreds of capacities of one sample)."""
+    key = (id(sample), policy, replicas, routing, pooled)
+    hit = _cached_parts.get(key)
+    if hit is None or hit[0] is not sample:
+        if len(_cached_parts) > 32:
+            _cached_parts.clear()
+        hit = _cached_parts[key] = (sample, _compute_cached_part(sample, policy, replicas,
+                                                                 routing, pooled))
+    return hit[1]
+
+
+def _compute_cached_part(sample: SessionSample, policy: str, replicas: int, routing: str,
+                         pooled: bool) -> np.ndarray:
     c, u = sample.context_tokens, sample.uncached_tokens
     growth = np.where(sample.first | (u >= c), 0.0, u)  # append-only growth of each turn
     if policy == "second-hit":
@@ -257,7 +282,7 @@ def closed_form(sample: SessionSample, capacity_tokens: float | Mapping[str, flo
     # Stack-distance form of Che: after a gap g the session's prefix sits under the KV the
     # other sessions touched meanwhile, O(g) = (N-1) E[c min(g', g)] / E[min(g', W)]; its
     # first C - O(g) tokens are still resident (eviction takes prompt tails first).
-    others = _footprint(sample, max(holders - 1.0, 0.0), g)
+    others = _footprint(sample, max(holders - 1.0, 0.0))
     times, by_tier, served = {}, {}, np.zeros(len(g))
     for name, cap in tiers.items():
         times[name] = characteristic_time_s(sample, cap, holders)
@@ -267,7 +292,7 @@ def closed_form(sample: SessionSample, capacity_tokens: float | Mapping[str, flo
     if pooled:  # the pool holds the full prefix of every session (all replicas write to it)
         times["remote"] = characteristic_time_s(sample, pool_tokens, sessions * replicas)
         full = sample.context_tokens - sample.uncached_tokens
-        pool_others = _footprint(sample, max(sessions * replicas - 1.0, 0.0), g)
+        pool_others = _footprint(sample, max(sessions * replicas - 1.0, 0.0))
         upto = np.where(sample.first, 0.0, np.clip(pool_tokens - pool_others, 0.0, full))
         by_tier["remote"] = float(np.maximum(upto - served, 0.0).sum() / total)
     hit = sum(by_tier.values())

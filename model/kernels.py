@@ -207,3 +207,6 @@ def clear_cache() -> None:
     reference_mamf.cache_clear()
     _FAST.clear()
     _params_cached.cache_clear()
+    from model import roofline  # its per-matrix GEMM columns hold these parameters
+
+    roofline._GEMM_COLUMNS.clear()

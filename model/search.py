@@ -115,7 +115,11 @@ class StepTable:
         self.tables = t[None]
         self._one_args = (context, seqs)
         self._tables_one = None
+        self._set_log_grid()
+
+    def _set_log_grid(self):
         self._lp, self._lb = np.log1p(self.p_grid), np.log1p(self.b_grid)
+        self._inv_dp, self._inv_db = 1.0 / np.diff(self._lp), 1.0 / np.diff(self._lb)
 
     @property
     def tables_one(self) -> np.ndarray:
@@ -144,7 +148,8 @@ class StepTable:
                 raise ValueError("StepTable.stack: tables must share one grid")
         out = cls.__new__(cls)
         out.step_model = None
-        out.p_grid, out.b_grid, out._lp, out._lb = first.p_grid, first.b_grid, first._lp, first._lb
+        out.p_grid, out.b_grid = first.p_grid, first.b_grid
+        out._set_log_grid()
         out.tables = np.concatenate([t.tables for t in tables])
         out._tables_one = np.concatenate([t.tables_one for t in tables])
         return out
@@ -161,19 +166,31 @@ class StepTable:
         (total = rank_tokens) and the even one (total = dp * rank_tokens)."""
         x = np.asarray(rank_tokens, float)
         dp = np.asarray(dp, float)
-        one = self._lookup(self.tables_one, x, decode_seqs, which)
-        even = self._lookup(self.tables, x * dp, decode_seqs, which)
+        j, fb = self._b_index(decode_seqs)
+        one = self._interp(self.tables_one, *self._p_index(x), j, fb, which)
+        even = self._interp(self.tables, *self._p_index(x * dp), j, fb, which)
         span = np.maximum(x * (dp - 1.0), 1e-9)
         w = np.clip((np.asarray(total_tokens, float) - x) / span, 0.0, 1.0)
         return one + w * (even - one)
 
     def _lookup(self, tables, prefill_tokens, decode_seqs, which) -> np.ndarray:
-        lp = np.log1p(np.clip(prefill_tokens, 0, self.p_grid[-1]))
-        lb = np.log1p(np.clip(decode_seqs, 0, self.b_grid[-1]))
-        i = np.clip(np.searchsorted(self._lp, lp) - 1, 0, len(self._lp) - 2)
-        j = np.clip(np.searchsorted(self._lb, lb) - 1, 0, len(self._lb) - 2)
-        fp = (lp - self._lp[i]) / (self._lp[i + 1] - self._lp[i])
-        fb = (lb - self._lb[j]) / (self._lb[j + 1] - self._lb[j])
+        return self._interp(tables, *self._p_index(prefill_tokens), *self._b_index(decode_seqs),
+                            which)
+
+    @staticmethod
+    def _index(grid, log_grid, inv_step, values):
+        """(cell, fraction) of `values` on a log1p grid, clamped to its ends."""
+        lv = np.log1p(np.minimum(np.maximum(values, 0.0), grid[-1]))
+        i = np.minimum(np.maximum(np.searchsorted(log_grid, lv) - 1, 0), len(log_grid) - 2)
+        return i, (lv - log_grid[i]) * inv_step[i]
+
+    def _p_index(self, prefill_tokens):
+        return self._index(self.p_grid, self._lp, self._inv_dp, prefill_tokens)
+
+    def _b_index(self, decode_seqs):
+        return self._index(self.b_grid, self._lb, self._inv_db, decode_seqs)
+
+    def _interp(self, tables, i, fp, j, fb, which) -> np.ndarray:
         nb = len(self.b_grid)
         flat = tables.reshape(-1)
         base = (np.asarray(which) * len(self.p_grid) + i) * nb + j

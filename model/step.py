@@ -207,11 +207,11 @@ class StepModel:
         has_dec = dec_r > 0
         out = []
         att = layer.attention
-        for lin in att.projections + layer.mlp.projections:
-            shard = linear_shard(lin, p)
-            t = k.gemm_time_s(tok_r, lin.out_features * lin.count / shard, lin.in_features,
-                              lin.dtype, hw)
-            out.append((f"{tag}:{lin.name}", "gemm", count, np.where(tok_r > 0, t, 0.0)))
+        lins = att.projections + layer.mlp.projections
+        times = k.gemm_times_s(tok_r, [(lin.out_features * lin.count / linear_shard(lin, p),
+                                        lin.in_features, lin.dtype) for lin in lins], hw)
+        times = np.where(tok_r > 0, times, 0.0)
+        out += [(f"{tag}:{lin.name}", "gemm", count, t) for lin, t in zip(lins, times, strict=True)]
         tp_att = max(p.tp // p.dcp, 1)
         if np.any(has_pre):
             t = k.attention_time_s(att.kind, "prefill", pseqs_r, new_per_seq,
