@@ -363,6 +363,9 @@ class _State:
     # and what that adds to this prompt's TTFT
     tail_q: np.ndarray | None = None
     tail_ext: np.ndarray | None = None
+    # FCFS: another rank mid-run or not at arrival (model._run_mixture); `extra` is their mean
+    run_offsets: np.ndarray | None = None
+    run_weights: np.ndarray | None = None
 
     @property
     def tail_mean(self) -> float:
@@ -447,14 +450,13 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
     # lock-stepped ranks: each of the prompt's steps also waits for the other ranks' prefill
     # (their share of the mean extension per step)
     t_lock = td + (tbar - td) * (1.0 - 1.0 / eng.dp)
-    # The other ranks' runs make long steps come in runs: an arrival most likely lands in one
-    # (its residual, E[T^2] / 2E[T]) and its own first step is most likely another (size-biased,
-    # E[T^2] / E[T]); the second moment counts the other dp - 1 ranks' runs.
-    m2_others = td * td + 2.0 * td * (tbar - td) * (1.0 - 1.0 / eng.dp) \
-        + ext2 * (eng.dp - 1.0)
-    t_first = max(m2_others / t_lock, t_lock)  # steps the own rank does not extend: mean t_lock
     if np.isinf(cap):
-        service = t_first + (own_steps - 1.0) * t_lock + ext
+        # Whether another rank is mid-run when a prompt arrives decides its first step: a
+        # two-point mixture instead of everyone paying the mean (which put P50 too high and
+        # P90 too low where runs are rare and long)
+        run_offsets, run_weights, run_h = _run_mixture(x, td, own_steps * t_lock + ext, ext, k,
+                                                       interval, eng.dp, busy)
+        service = td + run_h + (own_steps - 1.0) * t_lock + ext
         rho_p = x * float(service.mean())
         if rho_p >= 1.0:
             return _State(x, b, td, tbar, k, ext, service, rho_p, 0.0, share,
@@ -469,8 +471,8 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         wait_scale = (ca2 + cs2) / (1.0 + cs2)
         # the queue's wait covers arrivals during a prefill; idle arrivals wait out half a
         # decode step
-        base = service
-        extra = (interval - 1) / 2.0 * tbar + busy * m2_others / (2.0 * t_lock)
+        base = service - run_h  # the mixture's mean first-step extension is in `extra`
+        extra = float(np.sum(run_offsets * run_weights))
         # The server works on tokens, not requests: a prompt's last step has `room` tokens of
         # budget left, which the scheduler hands to the next queued prompt, so that step (and
         # this prompt's first token) lasts longer by the next prompt's chunk. The next prompt is
@@ -506,7 +508,39 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
                 mix.z if n_sessions else None, extra, shots)
     if np.isinf(cap):
         st.tail_q, st.tail_ext = tail_q, tail_ext
+        st.run_offsets, st.run_weights = run_offsets, run_weights
     return st
+
+
+RUN_HEIGHTS, RUN_PHASES = 16, 8  # mixture resolution: chunk heights x arrival phases
+
+
+def _run_mixture(x, td, span, ext, k, interval, dp, busy):
+    """FCFS first-step mixture: (offsets, weights, mean first-step extension). With probability
+    q another of the dp - 1 lock-stepped ranks is mid-run when the prompt arrives (each rank
+    spends a fraction x E[span] of its time in runs); the arrival then lands in a run picked
+    length-biased, waits out the rest of its cadence cycle (interval decode steps plus that
+    run's chunk height H, uniform phase) and its own first step carries H too. Otherwise it
+    waits out a cycle of decode steps (none when the engine is idle)."""
+    f_run = min(x * float(np.mean(span)), 1.0)
+    q = 1.0 - (1.0 - f_run) ** (dp - 1)
+    h = ext / np.maximum(k, 1.0)  # the run's chunk extension per chunk step
+    order = np.argsort(h)
+    cum = np.cumsum(span[order]) / max(float(span.sum()), 1e-30)
+    edges = np.searchsorted(cum, np.linspace(0.0, 1.0, RUN_HEIGHTS + 1)[1:-1])
+    groups = np.split(np.arange(len(h)), edges)
+    w_sorted = span[order]
+    heights = np.array([np.average(h[order][g], weights=w_sorted[g]) if len(g) else 0.0
+                        for g in groups])
+    hw = np.array([w_sorted[g].sum() for g in groups]) / max(float(w_sorted.sum()), 1e-30)
+    phase = (np.arange(RUN_PHASES) + 0.5) / RUN_PHASES
+    in_run = (phase[None, :] * (interval * td + heights[:, None]) + heights[:, None]).ravel()
+    in_w = (q * hw[:, None] / RUN_PHASES * np.ones(RUN_PHASES)[None, :]).ravel()
+    quiet = phase * interval * td
+    quiet_w = np.full(RUN_PHASES, (1.0 - q) * busy / RUN_PHASES)
+    offsets = np.r_[0.0, quiet, in_run]
+    weights = np.r_[(1.0 - q) * (1.0 - busy), quiet_w, in_w]
+    return offsets, weights / weights.sum(), q * float(np.sum(hw * heights))
 
 
 def _mean_step(x, mean_k, mean_e, td, interval, dp, fcfs) -> float:
@@ -747,6 +781,9 @@ def _ttft_distribution(st: _State, admit_wait: float) -> tuple[np.ndarray, np.nd
     if st.tail_q is not None:  # mixture: the last step shared with the next prompt or not
         weights = np.r_[weights * (1.0 - st.tail_q), weights * st.tail_q]
         base = np.r_[base, base + st.tail_ext]
+    if st.run_offsets is not None:  # mixture: another rank mid-run at arrival or not
+        base = ((base - st.extra)[:, None] + st.run_offsets[None, :]).ravel()
+        weights = (weights[:, None] * st.run_weights[None, :]).ravel()
     if st.rho_p <= 0 or st.wait_mean <= 0:
         order = np.argsort(base)
         return base[order], weights[order]
