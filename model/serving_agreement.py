@@ -167,15 +167,27 @@ def agreement(scenario: Scenario | str, sim_s: float | None = None) -> dict[str,
     return out
 
 
-def table(names=None, sim_scale: float = 1.0):
+def _row(args) -> dict:
+    sc, sim_scale = args
+    return {"scenario": sc.name, **{k: round(100 * v, 1) for k, v in
+                                    agreement(sc, sc.sim_s * sim_scale).items()}}
+
+
+def table(names=None, sim_scale: float = 1.0, processes: int | None = None):
+    """The agreement table; scenarios run in `processes` worker processes (default: one per
+    CPU; each simulation is single-threaded)."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
     import pandas as pd
 
-    rows = []
-    for sc in SCENARIOS:
-        if names and sc.name not in names:
-            continue
-        rows.append({"scenario": sc.name, **{k: round(100 * v, 1) for k, v in
-                                             agreement(sc, sc.sim_s * sim_scale).items()}})
+    todo = [(sc, sim_scale) for sc in SCENARIOS if not names or sc.name in names]
+    workers = max(1, min(processes or os.cpu_count() or 1, len(todo)))
+    if workers == 1:
+        rows = [_row(t) for t in todo]
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            rows = list(pool.map(_row, todo))
     return pd.DataFrame(rows).set_index("scenario")
 
 
