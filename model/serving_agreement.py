@@ -213,6 +213,15 @@ def write_report(names=None) -> str:
         "Scenario names: n = closed-loop sessions, t = long_prefill_token_threshold, iv = "
         "prefill_schedule_interval; dsv4-dep8 = DeepSeek V4 Pro DP8+EP8 on B300 (recipe, MTP).",
         "",
+        "Reading it: fixed-length rows test the queueing and batching formulas alone; `agentx-*` "
+        "rows draw fresh synthetic sessions on each side, so a few dozen heavy-tailed sessions "
+        "make the P90/P99 TTFT noisy and the closed form's independent request mix overstates "
+        "TPGS (a simulated lane stuck in a long-context session keeps sending long contexts); "
+        "`-indep` rows make the simulator draw turns independently too; `pop16`/`pop64` and "
+        "`dsv4-dep8` rows share one population between both sides, which leaves the queueing "
+        "approximations. DEP rows: eight lock-stepped ranks and cold prefills of up to 850K "
+        "tokens; their TPOT tails rest on a handful of long runs per simulated hour.",
+        "",
         head, rule, *body, ""])
     write_atomic(ROOT / "data" / "calibration" / "serving_agreement.md", text)
     return text
