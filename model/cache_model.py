@@ -278,17 +278,13 @@ def closed_form(sample: SessionSample, capacity_tokens: float | Mapping[str, flo
     pooled = pool_tokens > 0
     cached = _cached_part(sample, policy, replicas, routing, pooled)
     total = sample.context_tokens.sum()
-    g = sample.gap_s
     # Stack-distance form of Che: after a gap g the session's prefix sits under the KV the
     # other sessions touched meanwhile, O(g) = (N-1) E[c min(g', g)] / E[min(g', W)]; its
     # first C - O(g) tokens are still resident (eviction takes prompt tails first).
-    others = _footprint(sample, max(holders - 1.0, 0.0))
-    times, by_tier, served = {}, {}, np.zeros(len(g))
-    for name, cap in tiers.items():
-        times[name] = characteristic_time_s(sample, cap, holders)
-        upto = np.where(sample.first, 0.0, np.clip(cap - others, 0.0, cached))
-        by_tier[name] = float(np.maximum(upto - served, 0.0).sum() / total)
-        served = np.maximum(served, upto)
+    shares, served = _tier_shares(sample, tiers, np.array([holders]), cached)
+    by_tier = {name: float(v[0]) for name, v in shares.items()}
+    served = served[0]
+    times = {name: characteristic_time_s(sample, cap, holders) for name, cap in tiers.items()}
     if pooled:  # the pool holds the full prefix of every session (all replicas write to it)
         times["remote"] = characteristic_time_s(sample, pool_tokens, sessions * replicas)
         full = sample.context_tokens - sample.uncached_tokens
@@ -301,6 +297,39 @@ def closed_form(sample: SessionSample, capacity_tokens: float | Mapping[str, flo
                        replicas=replicas, routing=routing, method="closed-form",
                        capacity_tokens={**tiers, **({"remote": pool_tokens} if pooled else {})},
                        characteristic_time_s=times)
+
+
+def _tier_shares(sample: SessionSample, tiers: Mapping[str, float], holders: np.ndarray,
+                 cached: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Share of input tokens each tier serves, for each session count in `holders` (the Che
+    stack-distance form of closed_form), and the tokens served per turn (rows: holders)."""
+    others = _footprint(sample, np.maximum(holders - 1.0, 0.0)[:, None])
+    total = sample.context_tokens.sum()
+    served = np.zeros((len(holders), len(sample.gap_s)))
+    shares = {}
+    for name, cap in tiers.items():
+        upto = np.where(sample.first, 0.0, np.clip(cap - others, 0.0, cached))
+        shares[name] = np.maximum(upto - served, 0.0).sum(axis=1) / total
+        served = np.maximum(served, upto)
+    return shares, served
+
+
+def sticky_tier_hits(workload, capacity_tokens: Mapping[str, float], sessions, policy: str = "lru",
+                     seed: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
+    """(first-tier hit, lower-tier hit, infinite-cache hit) of one sticky-routed replica for each
+    session count in `sessions`: closed_form's tier shares in one array pass (what the deployment
+    search asks for a grid of session counts per capacity)."""
+    check_policy(policy)
+    sessions = np.asarray(sessions, float)
+    tiers = dict(capacity_tokens)
+    if getattr(workload, "kind", "sessions") == "requests":
+        h = float(workload.hit_rate)
+        return np.full(sessions.shape, h), np.zeros(sessions.shape), h
+    sample = _workload_sample(workload, seed, 0.0)
+    shares, _ = _tier_shares(sample, tiers, sessions, _cached_part(sample, policy, 1, "sticky",
+                                                                   False))
+    first = shares[next(iter(tiers))]
+    return first, sum(shares.values()) - first, sample.infinite_hit_rate
 
 
 def _visits_per_gap(replicas: int) -> float:

@@ -106,7 +106,9 @@ def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
                          f"{domain} GPUs on {getattr(hw, 'name', 'this chip')}")
     if p.pp > len(arch.main_layers):
         raise Infeasible(f"plan {p.label()}: pp={p.pp} exceeds {len(arch.main_layers)} layers")
-    for layer in arch.main_layers:
+    from model.ops import grouped_layers  # identical layers obey identical rules
+
+    for layer, _ in grouped_layers(arch.main_layers):
         att = layer.attention
         if att.num_heads % p.tp:
             raise Infeasible(f"plan {p.label()}: {att.num_heads} attention heads not divisible "

@@ -109,12 +109,16 @@ class StepTable:
         self.p_grid, self.b_grid = grid if grid is not None else step_grid(p_max, b_max, points)
         p, b = np.meshgrid(self.p_grid, self.b_grid, indexing="ij")
         seqs = np.maximum(p / max(chunk, 1.0), 1.0)
-        t = np.asarray(step_model.step_time_s(p, context, b, context, seqs), float)
-        t = np.broadcast_to(t, p.shape).copy()
-        t[0, 0] = t[0, 1]  # an empty step never runs; keep the table monotone
-        self.tables = t[None]
-        self._one_args = (context, seqs)
-        self._tables_one = None
+        dp = int(getattr(getattr(step_model, "plan", None), "dp", 1) or 1)
+        # DP plans also get the table with all prefill on one rank, in the same vectorized call
+        ranks = np.array([dp, 1.0]).reshape(2, 1, 1) if dp > 1 else None
+        t = np.asarray(step_model.step_time_s(p, context, b, context, seqs,
+                                              **({"prefill_ranks": ranks} if dp > 1 else {})),
+                       float)
+        t = np.broadcast_to(t, ((2,) if dp > 1 else ()) + p.shape).copy()
+        t[..., 0, 0] = t[..., 0, 1]  # an empty step never runs; keep the table monotone
+        self.tables = t[:1] if dp > 1 else t[None]
+        self._tables_one = t[1:] if dp > 1 else self.tables
         self._set_log_grid()
 
     def _set_log_grid(self):
@@ -123,20 +127,7 @@ class StepTable:
 
     @property
     def tables_one(self) -> np.ndarray:
-        """The same grid with all prefill tokens on one DP rank (the others decode and wait);
-        built on first use (only aggregated DEP candidates need it)."""
-        if self._tables_one is None:
-            dp = int(getattr(getattr(self.step_model, "plan", None), "dp", 1) or 1)
-            if dp > 1:
-                context, seqs = self._one_args
-                p, b = np.meshgrid(self.p_grid, self.b_grid, indexing="ij")
-                one = np.asarray(self.step_model.step_time_s(p, context, b, context, seqs,
-                                                             prefill_ranks=1.0), float)
-                one = np.broadcast_to(one, p.shape).copy()
-                one[0, 0] = one[0, 1]
-                self._tables_one = one[None]
-            else:
-                self._tables_one = self.tables
+        """The same grid with all prefill tokens on one DP rank (the others decode and wait)."""
         return self._tables_one
 
     @classmethod

@@ -73,19 +73,21 @@ def tier_hits(workload, capacities: dict[str, float], sessions, policy: str = DE
               ) -> tuple[np.ndarray, np.ndarray, float]:
     """(HBM hit fraction, lower-tier hit fraction, infinite-cache hit) of input tokens, for each
     value of `sessions` (live sessions per replica, array)."""
-    from model.cache_model import hit_rate
+    from model.cache_model import sticky_tier_hits
 
     s = np.asarray(sessions, float)
     caps = {k: _round(v) for k, v in capacities.items()}
     wkey = (workload.name, getattr(workload, "source", ""), getattr(workload, "date", ""))
+    rounded = np.vectorize(lambda v: _round(max(v, 1.0)), otypes=[float])(s) if s.size else s
+    key = lambda v: (wkey, tuple(caps.items()), float(v), policy)  # noqa: E731
+    todo = sorted({float(v) for v in rounded.ravel() if key(v) not in _HITS})
+    if todo:
+        first, lower, inf = sticky_tier_hits(workload, caps, todo, policy)
+        for v, f, lo in zip(todo, first, lower, strict=True):
+            _HITS[key(v)] = (float(f), float(lo), float(inf))
     hbm, low, inf = np.empty(s.shape), np.empty(s.shape), 0.0
-    for idx, value in np.ndenumerate(s):
-        key = (wkey, tuple(caps.items()), _round(max(value, 1.0)), policy)
-        if key not in _HITS:
-            r = hit_rate(workload, caps, policy, concurrency=_round(max(value, 1.0)))
-            first = r.hits_by_tier.get("hbm", 0.0)
-            _HITS[key] = (first, r.hit_rate - first, r.infinite_hit_rate)
-        hbm[idx], low[idx], inf = _HITS[key]
+    for idx, value in np.ndenumerate(rounded):
+        hbm[idx], low[idx], inf = _HITS[key(value)]
     return hbm, low, inf
 
 
