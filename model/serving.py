@@ -551,13 +551,14 @@ def _mean_step(x, mean_k, mean_e, td, interval, dp, fcfs) -> float:
     fallback."""
 
     def g(tbar: float) -> float:
-        if fcfs:
-            p_rank = min(x * mean_k * tbar * interval, 1.0)  # one prefill at a time
-        else:
-            p_rank = 1.0 - np.exp(-x * mean_k * tbar * interval)  # Poisson prefills in flight
-        per_slot = x * mean_e * tbar * interval / max(p_rank, 1e-12)  # extension | rank busy
-        any_rank = 1.0 - (1.0 - p_rank) ** dp
-        return td + any_rank * per_slot / interval
+        if fcfs:  # one prefill at a time per rank, its chunks fill the budget: equal heights
+            p_rank = min(x * mean_k * tbar * interval, 1.0)
+            per_slot = x * mean_e * tbar * interval / max(p_rank, 1e-12)  # extension | busy
+            return td + (1.0 - (1.0 - p_rank) ** dp) * per_slot / interval
+        # with a threshold each rank carries a Poisson number of chunks in an admitting step,
+        # and the lock-stepped step lasts as long as the busiest rank's
+        m = x * mean_k * tbar * interval
+        return td + mean_e / max(mean_k, 1e-12) * expected_max_poisson(m, dp) / interval
 
     t0, g0 = td, g(td)
     t1 = g0
@@ -575,6 +576,49 @@ def _mean_step(x, mean_k, mean_e, td, interval, dp, fcfs) -> float:
             t2 = g1  # no fixed point in reach (or secant overshoot): plain iteration
         t0, g0, t1 = t1, g1, t2
     return t1
+
+
+def _run_time(eng: _Engine, st: _State) -> float:
+    """Mean time a request spends admitted: its prefill, decode and reload (not the queue)."""
+    return float(st.ttft_base.mean()) + st.extra + eng.mean_o1 * st.tbar + eng.mean_delay \
+        + st.tail_mean
+
+
+def _admission_capped_rate(eng: _Engine, x_hi: float, limit: float, n_rank: float):
+    """(x, state, run time) with x * run_time(x) = limit, by bisection below the uncapped rate
+    x_hi (a single re-solve at limit / run_time overshoots when the queue at x_hi made the run
+    time long)."""
+    lo, hi = 0.0, x_hi
+    x = best = None
+    for _ in range(40):
+        x = 0.5 * (lo + hi)
+        st = _solve_rate(eng, x, 1.0, n_rank)
+        r_run = _run_time(eng, st) if not st.reason else np.inf
+        if x * r_run > limit:
+            hi = x
+        else:
+            lo, best = x, (x, st, r_run)
+        if hi - lo < 1e-4 * x_hi:
+            break
+    if best is None:
+        st = _solve_rate(eng, lo, 1.0, n_rank)
+        best = (max(lo, 1e-12), st, _run_time(eng, st))
+    return best
+
+
+def expected_max_poisson(mean: float, n: int) -> float:
+    """E[max of n iid Poisson(mean)] = sum_k (1 - F(k)^n), F the Poisson cdf (= mean for n 1);
+    beyond a mean of 400 the normal limit mean + sqrt(mean) E[max of n N(0, 1)]."""
+    if n <= 1 or mean <= 0:
+        return max(mean, 0.0)
+    from scipy.stats import norm, poisson
+
+    if mean > 400.0:
+        z = np.linspace(-8.0, 8.0, 4001)
+        e_max = float(np.sum(1.0 - norm.cdf(z) ** n) * (z[1] - z[0])) - 8.0
+        return mean + np.sqrt(mean) * e_max
+    k = np.arange(int(mean + 12.0 * np.sqrt(mean) + 12.0))
+    return float(np.sum(1.0 - poisson.cdf(k, mean) ** n))
 
 
 def _closed_rate(eng: _Engine, n: float, ca2: float) -> tuple[float, _State]:
@@ -699,8 +743,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
             return _unstable(st.reason, hit, policy)
 
     # admission limit: running requests per rank (max_num_seqs, KV pool)
-    r_run = float(st.ttft_base.mean()) + st.extra + eng.mean_o1 * st.tbar + eng.mean_delay \
-        + st.tail_mean
+    r_run = _run_time(eng, st)
     running = x * r_run
     kv_tokens = float(np.asarray(getattr(step_model, "kv_capacity_tokens",
                                          lambda c: np.inf)(float(mix.c.mean())))) / dp
@@ -716,13 +759,10 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         if not isinstance(load, ClosedLoop):
             return _unstable(f"{running:.0f} requests per rank would run at once; "
                              f"{bounded_name} allows {limit:.0f}", hit, policy)
-        # closed loop: throughput is capped, the remaining sessions queue for admission
+        # closed loop: throughput is capped where x * r_run(x) = limit (Little's law on the
+        # running set; r_run grows with x), the remaining sessions queue for admission
         bounded = bounded_name
-        x = limit / r_run
-        st = _solve_rate(eng, x, 1.0, n_rank)
-        r_run = float(st.ttft_base.mean()) + st.extra + eng.mean_o1 * st.tbar + eng.mean_delay \
-            + st.tail_mean
-        x = limit / r_run
+        x, st, r_run = _admission_capped_rate(eng, x, limit, n_rank)
         admit_wait = max(n_rank / x - float(mix.z.mean()) - r_run - st.wait_mean, 0.0)
 
     ttft_q, ttft_mean = _ttft_quantiles(st, admit_wait + st.extra)

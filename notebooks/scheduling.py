@@ -90,7 +90,8 @@ sweep = pd.concat(frames, ignore_index=True)
 ok = sweep[sweep.stable]
 gain, inter_ratio = effect["tpgs_gain"], effect["p90_interactivity_ratio"]
 if gain is not None and inter_ratio is not None:
-    verdict = (f"threshold {long_prefill_token_threshold}: {gain:+.0%} TPGS at the SLO, "
+    verdict = (f"threshold {long_prefill_token_threshold}: {gain:+.0%} TPGS at the SLO "
+               f"(at equal load up to {effect.get('tpgs_gain_max', float('nan')):+.0%}), "
                f"{inter_ratio:.2f}x P90 interactivity")
 elif effect["off"] or effect["on"]:
     verdict = (f"only {'threshold off' if effect['off'] else 'the threshold'} reaches P90 "
@@ -169,6 +170,8 @@ nbio.write_headline(output_dir, {
     "slo_p90_interactivity_tok_s": slo_p90_interactivity,
     "tpgs_off": best_off.get("tpgs"), "tpgs_on": best_on.get("tpgs"),
     "tpgs_gain": effect["tpgs_gain"],
+    "tpgs_gain_max": effect.get("tpgs_gain_max"),
+    "tpgs_gain_max_concurrency": effect.get("tpgs_gain_max_concurrency"),
     "p90_interactivity_ratio": effect["p90_interactivity_ratio"],
     "at_concurrency": int(at_concurrency),
     "tpgs_ratio_at_concurrency": effect.get("tpgs_ratio_at_concurrency"),
