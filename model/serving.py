@@ -363,7 +363,7 @@ class _State:
     # and what that adds to this prompt's TTFT
     tail_q: np.ndarray | None = None
     tail_ext: np.ndarray | None = None
-    # FCFS: another rank mid-run or not at arrival (model._run_mixture); `extra` is their mean
+    # FCFS: another rank mid-run or not at arrival (_run_mixture); `extra` is their mean
     run_offsets: np.ndarray | None = None
     run_weights: np.ndarray | None = None
 
