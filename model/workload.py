@@ -269,14 +269,21 @@ def recorded_sessions(path: str) -> tuple[SessionSpec, ...]:
     except (OSError, ValueError) as err:
         raise SpecError(path, "<root>", f"not an AgentX derived requests CSV ({err})") from None
     df = df.sort_values(["trace_id", "t_s"], kind="stable")
+    # whole columns once, then split at trace boundaries (a pandas groupby per trace was most
+    # of a fresh process's first plan)
+    ctx_all = np.maximum(df["in"].to_numpy(float), 1.0)
+    unc_all = np.clip(ctx_all - df["inf_cache_hit_tokens"].to_numpy(float), 1.0, ctx_all)
+    gap_all = np.nan_to_num(df["think_time_s"].to_numpy(float), nan=0.0)
+    out_all = np.maximum(df["out"].to_numpy(float), 1.0)
+    sub_all = (df["kind"] != "main").to_numpy()
+    ids = df["trace_id"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     out = []
-    for _, g in df.groupby("trace_id", sort=True):
-        ctx = np.maximum(g["in"].to_numpy(float), 1.0)
-        unc = np.clip(ctx - g["inf_cache_hit_tokens"].to_numpy(float), 1.0, ctx)
-        gap = np.nan_to_num(g["think_time_s"].to_numpy(float), nan=0.0)
+    for a, b in zip(starts, np.r_[starts[1:], len(ids)], strict=True):
+        gap = gap_all[a:b].copy()
         gap[0] = 0.0
-        sub = (g["kind"] != "main").to_numpy()
-        out.append(SessionSpec(ctx, unc, np.maximum(g["out"].to_numpy(float), 1.0), gap, sub,
+        sub = sub_all[a:b]
+        out.append(SessionSpec(ctx_all[a:b], unc_all[a:b], out_all[a:b], gap, sub,
                                np.cumsum(np.r_[False, sub[1:] & ~sub[:-1]]) * sub))
     return tuple(out)
 
