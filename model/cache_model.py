@@ -40,6 +40,8 @@ from model.cache import (
     stream_for,
 )
 from model.errors import ServecastError
+from model.memo import IdentityMemo
+from model.queueing import expected_min
 from model.routing import check_routing, route_replay
 
 # A session counts as live while its gaps stay under the AgentX replay's 300 s idle cap
@@ -162,28 +164,26 @@ def effective_sessions(stream: BlockStream, window_s: float | None = None) -> fl
     return float((live * w).sum() / w.sum())
 
 
-_curves: dict[int, tuple] = {}
+_curves = IdentityMemo(32)  # sample -> (T grid, per-session occupancy, at each turn's gap)
 
 
 def _occupancy_curve(sample: SessionSample, sessions: float) -> tuple[np.ndarray, np.ndarray]:
     """(T grid, KV the sessions keep resident with characteristic time T): N E[c min(g,T)]/E[g],
     nondecreasing in T. The per-session curve is computed once per sample."""
-    _, grid, per_session, _ = _curve_entry(sample)
+    grid, per_session, _ = _curve_entry(sample)
     return grid, sessions * per_session
 
 
 def _curve_entry(sample: SessionSample) -> tuple:
-    """(sample, T grid, per-session occupancy, per-session occupancy at each turn's gap), once
-    per sample: a search asks the closed form for hundreds of capacities and session counts,
-    and every answer is linear in the session count."""
-    key = id(sample)
-    if key not in _curves or _curves[key][0] is not sample:
-        if len(_curves) > 32:
-            _curves.clear()
-        grid, per_session = _per_session_occupancy(sample)
-        at_gaps = np.interp(np.minimum(sample.gap_s, grid[-1]), grid, per_session)
-        _curves[key] = (sample, grid, per_session, at_gaps)
-    return _curves[key]
+    """(T grid, per-session occupancy, per-session occupancy at each turn's gap), once per
+    sample: a search asks the closed form for hundreds of capacities and session counts, and
+    every answer is linear in the session count."""
+    return _curves.get(sample, None, lambda: _curve_of(sample))
+
+
+def _curve_of(sample: SessionSample) -> tuple:
+    grid, per_session = _per_session_occupancy(sample)
+    return grid, per_session, np.interp(np.minimum(sample.gap_s, grid[-1]), grid, per_session)
 
 
 def _per_session_occupancy(sample: SessionSample) -> tuple[np.ndarray, np.ndarray]:
@@ -193,19 +193,14 @@ def _per_session_occupancy(sample: SessionSample) -> tuple[np.ndarray, np.ndarra
         return np.array([0.0, np.inf]), np.array([0.0, 0.0])
     grid = np.unique(np.r_[0.0, np.quantile(g, np.linspace(0, 1, 257))])
     order = np.argsort(g)
-    gs, cs = g[order], c[order]
-    # E[c min(g,T)] = (sum_{g<T} c g + T sum_{g>=T} c) / n, via prefix sums over sorted gaps
-    cg = np.r_[0.0, np.cumsum(cs * gs)]
-    csum = np.r_[0.0, np.cumsum(cs)]
-    k = np.searchsorted(gs, grid, side="left")
-    mean = (cg[k] + grid * (csum[-1] - csum[k])) / len(gs)
+    mean = expected_min(g[order], grid, c[order], side="left")  # E[c min(g, T)]
     return grid, mean / max(np.minimum(g, LIVE_WINDOW_S).mean(), 1e-9)
 
 
 def _footprint(sample: SessionSample, sessions: float) -> np.ndarray:
     """Distinct KV `sessions` sessions touch within each turn's gap: the occupancy curve read
     at T = gap."""
-    return sessions * _curve_entry(sample)[3]
+    return sessions * _curve_entry(sample)[2]
 
 
 def characteristic_time_s(sample: SessionSample, capacity_tokens, sessions: float):
@@ -218,21 +213,16 @@ def characteristic_time_s(sample: SessionSample, capacity_tokens, sessions: floa
     return float(out) if out.ndim == 0 else out
 
 
-_cached_parts: dict[tuple, tuple] = {}
+_cached_parts = IdentityMemo(32)
 
 
 def _cached_part(sample: SessionSample, policy: str, replicas: int, routing: str,
                  pooled: bool) -> np.ndarray:
     """Tokens of each turn that a big-enough cache serves under the policy and routing (kept per
     sample: a search asks about hundreds of capacities of one sample)."""
-    key = (id(sample), policy, replicas, routing, pooled)
-    hit = _cached_parts.get(key)
-    if hit is None or hit[0] is not sample:
-        if len(_cached_parts) > 32:
-            _cached_parts.clear()
-        hit = _cached_parts[key] = (sample, _compute_cached_part(sample, policy, replicas,
-                                                                 routing, pooled))
-    return hit[1]
+    return _cached_parts.get(sample, (policy, replicas, routing, pooled),
+                             lambda: _compute_cached_part(sample, policy, replicas, routing,
+                                                          pooled))
 
 
 def _compute_cached_part(sample: SessionSample, policy: str, replicas: int, routing: str,

@@ -19,6 +19,7 @@ import sympy as sp
 
 from model.dtypes import dtype
 from model.layers import Architecture, Attention, Experts, Layer, Linear
+from model.memo import IdentityMemo
 
 ACT_BYTES = 2.0  # bf16 activations between kernels
 STATE_BYTES = 4.0  # linear-attention recurrent state is kept in fp32 (KDA / GDN kernels)
@@ -291,24 +292,22 @@ def layer_signature(layer: Layer) -> tuple:
     return (layer.attention, layer.mlp, layer.mtp)
 
 
-_GROUPS: dict = {}  # id(layers tuple) -> (layers, groups): identity-checked
+_GROUPS = IdentityMemo(512)
 
 
 def grouped_layers(layers) -> list[tuple[Layer, int]]:
     """(layer, count) per distinct layer signature, in first-seen order (memoized per tuple:
     hashing the nested layer dataclasses is what costs)."""
-    hit = _GROUPS.get(id(layers))
-    if hit is not None and hit[0] is layers:
-        return hit[1]
+    if isinstance(layers, tuple):
+        return _GROUPS.get(layers, None, lambda: _group(layers))
+    return _group(layers)
+
+
+def _group(layers) -> list[tuple[Layer, int]]:
     groups: dict[tuple, list] = {}
     for layer in layers:
         groups.setdefault(layer_signature(layer), [layer, 0])[1] += 1
-    out = [(g[0], g[1]) for g in groups.values()]
-    if isinstance(layers, tuple):
-        if len(_GROUPS) > 512:
-            _GROUPS.clear()
-        _GROUPS[id(layers)] = (layers, out)
-    return out
+    return [(g[0], g[1]) for g in groups.values()]
 
 
 def layer_ops(layer: Layer, count: int, step: Step, kv_dtype: str, width: int,

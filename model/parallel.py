@@ -23,6 +23,7 @@ import numpy as np
 from model.dtypes import dtype
 from model.errors import Infeasible
 from model.layers import Architecture, Attention, Layer, Linear
+from model.memo import IdentityMemo
 
 
 @dataclass(frozen=True)
@@ -182,16 +183,16 @@ def weight_bytes_per_gpu(arch: Architecture, plan: ParallelPlan, with_mtp: bool 
             + heads / plan.tp / plan.pp)
 
 
-_WEIGHT_CLASSES: dict = {}  # id(arch) -> (arch, with_mtp, totals): identity-checked
+_WEIGHT_CLASSES = IdentityMemo()
 
 
 def _weight_classes(arch: Architecture, with_mtp: bool) -> tuple[float, float, float, float]:
     """(TP-sharded, replicated, routed-expert, embedding + LM head) weight bytes of the
     architecture, summed once per architecture object (plans only divide them)."""
-    key = (id(arch), with_mtp)
-    hit = _WEIGHT_CLASSES.get(key)
-    if hit is not None and hit[0] is arch:
-        return hit[1]
+    return _WEIGHT_CLASSES.get(arch, with_mtp, lambda: _sum_weight_classes(arch, with_mtp))
+
+
+def _sum_weight_classes(arch: Architecture, with_mtp: bool) -> tuple[float, float, float, float]:
     sharded = replicated = experts = 0.0
     for layer in arch.main_layers + (arch.mtp_layers if with_mtp else ()):
         for lin in layer.attention.projections + layer.mlp.projections:
@@ -206,11 +207,7 @@ def _weight_classes(arch: Architecture, with_mtp: bool) -> tuple[float, float, f
     heads = arch.embedding.params * dtype(arch.embedding.dtype).bytes
     if not arch.tie_word_embeddings:
         heads += arch.lm_head.params * dtype(arch.lm_head.dtype).bytes
-    totals = (sharded, replicated, experts, heads)
-    if len(_WEIGHT_CLASSES) > 256:
-        _WEIGHT_CLASSES.clear()
-    _WEIGHT_CLASSES[key] = (arch, totals)
-    return totals
+    return sharded, replicated, experts, heads
 
 
 # ---- collectives --------------------------------------------------------------------------------

@@ -565,14 +565,12 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     full closed form, per replica) and report both in `serving_check` (~1-2 s)."""
     started = time.perf_counter()
     if recipe:
-        from model.recipes import recipe_for
+        from model.recipes import recipe_settings
 
-        r = recipe_for(arch if isinstance(arch, str) else getattr(arch, "name", ""))
-        if r is not None:
-            precision = precision if precision is not None else r.precision
-            kv_dtype = kv_dtype if kv_dtype is not None else r.kv_dtype
-            if spec_tokens is None:
-                spec_tokens, acceptance_length, spec_method = r.spec
+        precision, kv_dtype, recipe_spec = recipe_settings(
+            arch if isinstance(arch, str) else getattr(arch, "name", ""), precision, kv_dtype)
+        if spec_tokens is None and recipe_spec is not None:
+            spec_tokens, acceptance_length, spec_method = recipe_spec
     spec = spec_setting(spec_tokens, acceptance_length, spec_method)
     if gpus < 1:
         raise ServecastError(f"gpus={gpus}: must be >= 1")
@@ -822,16 +820,12 @@ def step_model(arch, hardware, plan: ParallelPlan, precision=None, kv_dtype=None
                speculative: bool = True):
     """The step model of `plan` as `plan()` serves it: unset precision, KV dtype and (with
     `speculative`) speculative decoding from the family's recipe (data/deployments/)."""
-    from model.recipes import recipe_for
+    from model.recipes import SPEC_OFF, recipe_settings
     from model.step import build_step_model
 
-    a, hw, _ = _load(arch, hardware, "agentx")
-    r = recipe_for(a.name)
-    spec = (0, 0.0, "mtp")
-    if r is not None:
-        precision = precision if precision is not None else r.precision
-        kv_dtype = kv_dtype if kv_dtype is not None else r.kv_dtype
-        spec = r.spec if speculative else spec
+    a, hw, _ = _load(arch, hardware, None)
+    precision, kv_dtype, spec = recipe_settings(a.name, precision, kv_dtype, speculative)
+    spec = spec or SPEC_OFF
     return build_step_model(a, hw, plan, precision=precision, kv_dtype=kv_dtype,
                             spec_tokens=spec[0], acceptance_length=spec[1], spec_method=spec[2])
 
@@ -859,7 +853,7 @@ def decode_capacity_by_family(arch, hardware, gpus: int, context: float, output_
     the largest request rate with P90 interactivity >= slo within KV capacity, per plan."""
     from model.parallel import enumerate_plans
 
-    a, hw, _ = _load(arch, hardware, "agentx")
+    a, hw, _ = _load(arch, hardware, None)
     rows = []
     for p in enumerate_plans(a, hw, gpus, "decode"):
         try:
@@ -933,14 +927,11 @@ def dep_vs_tp_decode(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int =
     KV per TP rank: more sequences fit, fewer KV bytes read per GPU) but replicates attention
     weights on every rank and adds EP all-to-all, so it wins only once the batch is large.
     Precision and KV dtype default to the family's recipe (data/deployments/)."""
-    from model.recipes import recipe_for
-
-    a, hw, _ = _load(arch, hardware, "agentx")
-    r = recipe_for(a.name)
-    if r is not None:
-        precision = precision if precision is not None else r.precision
-        kv_dtype = kv_dtype if kv_dtype is not None else r.kv_dtype
+    from model.recipes import recipe_settings
     from model.step import build_step_model
+
+    a, hw, _ = _load(arch, hardware, None)
+    precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False)
 
     ep = gpus if any(ly.mlp.experts is not None for ly in a.layers) else 1  # dense: DP vs TP
     tp = build_step_model(a, hw, ParallelPlan(tp=gpus, ep=ep), precision=precision,

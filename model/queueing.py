@@ -53,7 +53,7 @@ def mg1_wait_pmf(service_s, rho: float, dt: float, n: int, gaps_s=None,
     m = 2 * n  # zero padding keeps the circular sums from wrapping
     if gaps_s is None:
         edges = np.arange(n + 1) * dt
-        resid = np.diff(_survival_integral(s, edges)) / s.mean()
+        resid = np.diff(expected_min(s, edges)) / s.mean()
         busy = rho
     else:
         z = np.sort(np.asarray(gaps_s, float))
@@ -73,12 +73,16 @@ def mg1_wait_pmf(service_s, rho: float, dt: float, n: int, gaps_s=None,
     return pmf / max(pmf.sum(), 1e-300), busy
 
 
-def _survival_integral(sorted_s: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """∫_0^x P(S > y) dy = E[min(S, x)] for the empirical sample, at each x."""
-    idx = np.searchsorted(sorted_s, x, side="right")
-    csum = np.concatenate([[0.0], np.cumsum(sorted_s)])
-    n = len(sorted_s)
-    return (csum[idx] + x * (n - idx)) / n
+def expected_min(sorted_s: np.ndarray, x, weights: np.ndarray | None = None,
+                 side: str = "right") -> np.ndarray:
+    """E[w min(S, x)] over the empirical sample (sorted ascending; `weights` in the same order,
+    default 1: then ∫_0^x P(S > y) dy), at each x, by prefix sums."""
+    x = np.asarray(x, float)
+    w = np.ones_like(sorted_s) if weights is None else weights
+    idx = np.searchsorted(sorted_s, x, side=side)
+    cws = np.concatenate([[0.0], np.cumsum(w * sorted_s)])
+    cw = np.concatenate([[0.0], np.cumsum(w)])
+    return (cws[idx] + x * (cw[-1] - cw[idx])) / len(sorted_s)
 
 
 def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt: float,

@@ -78,3 +78,19 @@ def recipe_for(arch_name: str) -> Recipe | None:
         if arch_name in r.architectures:
             return r
     return None
+
+
+SPEC_OFF = (0, 0.0, "mtp")  # (draft tokens, acceptance length, method): no speculative decoding
+
+
+def recipe_settings(arch_name: str, precision: str | None = None, kv_dtype: str | None = None,
+                    speculative: bool = True) -> tuple[str | None, str | None, tuple | None]:
+    """(precision, KV dtype, speculative setting) with the unset ones from the family's recipe;
+    the speculative setting is the recipe's (SPEC_OFF without `speculative`), None when the
+    family has no recipe."""
+    r = recipe_for(arch_name) if arch_name else None
+    if r is None:
+        return precision, kv_dtype, None
+    return (precision if precision is not None else r.precision,
+            kv_dtype if kv_dtype is not None else r.kv_dtype,
+            r.spec if speculative else SPEC_OFF)

@@ -248,17 +248,11 @@ def _step_model(arch: str, hardware: str, plan: dict[str, Any], serving: bool = 
     from model.architecture import load_architecture
     from model.hardware import load_hardware
     from model.parallel import ParallelPlan, validate_plan
-    from model.recipes import recipe_for
-    from model.step import build_step_model
+    from model.plan import step_model
 
     a, hw, p = load_architecture(arch), load_hardware(hardware), ParallelPlan(**plan)
     validate_plan(a, hw, p)
-    r = recipe_for(arch)
-    if r is None:
-        return build_step_model(a, hw, p)
-    spec = r.spec if serving else (0, 0.0, "mtp")
-    return build_step_model(a, hw, p, precision=r.precision, kv_dtype=r.kv_dtype,
-                            spec_tokens=spec[0], acceptance_length=spec[1], spec_method=spec[2])
+    return step_model(a, hw, p, speculative=serving)
 
 
 @predictor

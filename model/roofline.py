@@ -27,6 +27,7 @@ import numpy as np
 from model.dtypes import dtype as _dtype
 from model.errors import Infeasible
 from model.kernels import KernelParams, params_for
+from model.memo import IdentityMemo
 
 ACT_BYTES = 2.0  # bf16 activations and outputs
 STATE_BYTES = 4.0  # fp32 recurrent state of linear attention (KDA/GDN kernels keep it in fp32)
@@ -134,18 +135,16 @@ def gemm_times_s(m, shapes, hw) -> np.ndarray:
     flops / (peak * e_max * m/(m+h) * kfac * tile) = 2nk (m + h) / (peak * e_max * kfac * tile);
     a step model prices a dozen projections per layer group in one pass instead of a dozen."""
     m = np.asarray(m, dtype=float)
-    key = (id(hw), tuple(shapes))
-    hit = _GEMM_COLUMNS.get(key)
-    if hit is None or hit[0] is not hw:
-        hit = _GEMM_COLUMNS[key] = (hw, _gemm_columns(key[1], hw))
+    shapes = tuple(shapes)
+    columns = _GEMM_COLUMNS.get(hw, shapes, lambda: _gemm_columns(shapes, hw))
     c, half, per_m, fixed, overhead, per_row = (
-        col.reshape((-1,) + (1,) * m.ndim) for col in hit[1])
+        col.reshape((-1,) + (1,) * m.ndim) for col in columns)
     t_compute = c * (m + half) * (m > 0)
     t_memory = m * per_m + fixed
     return np.maximum(t_compute, t_memory) + overhead + per_row * m
 
 
-_GEMM_COLUMNS: dict = {}
+_GEMM_COLUMNS = IdentityMemo(4096)  # (hw, shapes) -> per-matrix factors
 
 
 def _gemm_columns(shapes, hw) -> tuple[np.ndarray, ...]:

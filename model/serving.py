@@ -48,6 +48,7 @@ from model.errors import ServecastError
 from model.policy import EnginePolicy
 from model.queueing import (
     compound_shot_pmf,
+    expected_min,
     kingman_wait_s,
     mg1_wait_pmf,
     quantiles_from_pmf,
@@ -588,8 +589,7 @@ def _admission_capped_rate(eng: _Engine, x_hi: float, limit: float, n_rank: floa
     """(x, state, run time) with x * run_time(x) = limit, by bisection below the uncapped rate
     x_hi (a single re-solve at limit / run_time overshoots when the queue at x_hi made the run
     time long)."""
-    lo, hi = 0.0, x_hi
-    x = best = None
+    lo, hi, best = 0.0, x_hi, None
     for _ in range(40):
         x = 0.5 * (lo + hi)
         st = _solve_rate(eng, x, 1.0, n_rank)
@@ -967,12 +967,8 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
 def _arrivals_kept(gaps: np.ndarray, span_s) -> np.ndarray:
     """E[min(gap, D)] / D: the share of a stationary arrival stream that still arrives during a
     span D when nobody who arrives returns before it ends (closed loop, heavy-tailed gaps)."""
-    g = np.sort(np.asarray(gaps, float))
     d = np.maximum(np.asarray(span_s, float), 1e-12)
-    below = np.searchsorted(g, d)
-    csum = np.r_[0.0, np.cumsum(g)]
-    mean_min = (csum[below] + d * (len(g) - below)) / len(g)
-    return np.minimum(mean_min / d, 1.0)
+    return np.minimum(expected_min(np.sort(np.asarray(gaps, float)), d) / d, 1.0)
 
 
 def _tpot_cdf(st: _State, dists, grid: np.ndarray) -> np.ndarray:
