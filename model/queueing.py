@@ -86,7 +86,7 @@ def expected_min(sorted_s: np.ndarray, x, weights: np.ndarray | None = None,
 
 
 def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt: float,
-                      n: int, start_bias=None) -> np.ndarray:
+                      n: int, start_bias=None, rate_shape: float | None = None) -> np.ndarray:
     """pmf on the grid k·dt of the work Y seen by a window of `window` steps when runs of
     `lengths` steps (per-step `heights`, one sample per run type, equally likely) start as a
     Poisson process of `rate_per_step` (exact compound Poisson through its Lévy measure + FFT).
@@ -96,6 +96,9 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     starting inside it overlaps by a length uniform on [0, m] over m positions and by m over
     max(k - w, 0) more. `start_bias` (per run, default 1) weights windows starting inside a run:
     windows start at request times, uniform in time, so long (extended) steps catch more starts.
+    `rate_shape` alpha: the rate is scaled by a Gamma(alpha, 1/alpha) factor (mean 1) held over
+    the window, so run counts are negative binomial, not Poisson (None: Poisson);
+    E[exp(R z)] = (1 - z / alpha)^-alpha replaces exp(z) in the transform.
     """
     h = np.asarray(heights, float)
     k = np.asarray(lengths, float)
@@ -124,8 +127,9 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     np.add.at(mass, up, atom * frac)
     total = mass.sum()
     size = 2 * n
-    phi = np.fft.rfft(mass, size)
-    pmf = np.maximum(np.fft.irfft(np.exp(phi - total), size)[:n], 0.0)
+    z = np.fft.rfft(mass, size) - total
+    cf = np.exp(z) if rate_shape is None else (1.0 - z / rate_shape) ** -rate_shape
+    pmf = np.maximum(np.fft.irfft(cf, size)[:n], 0.0)
     return pmf / max(pmf.sum(), 1e-300)
 
 
