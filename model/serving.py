@@ -367,9 +367,9 @@ class _State:
     # FCFS: another rank mid-run or not at arrival (_run_mixture); `extra` is their mean
     run_offsets: np.ndarray | None = None
     run_weights: np.ndarray | None = None
-    # threshold mode: whether other runs' arrivals answer to longer steps (_ttft_shared; 0 on
+    # threshold mode: whether other runs' arrivals answer to longer steps (_ttft_shared; not on
     # lock-stepped ranks)
-    excite: float = 0.0
+    excite: bool = False
 
     @property
     def tail_mean(self) -> float:
@@ -512,7 +512,7 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
                 mix.z if n_sessions else None, extra, shots)
     # on lock-stepped ranks a prompt's own chunk masks the other ranks' (the step waits for the
     # slowest, not the sum): their arrivals are left unexcited
-    st.excite = 1.0 if shots is not None and eng.dp == 1 else 0.0
+    st.excite = shots is not None and eng.dp == 1
     if np.isinf(cap):
         st.tail_q, st.tail_ext = tail_q, tail_ext
         st.run_offsets, st.run_weights = run_offsets, run_weights
@@ -871,14 +871,10 @@ def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
     against short tool gaps (replayed sample: P99 +26% / +34% with it), where the idle pool
     that could arrive is small."""
     lam, heights, k, steps_own, own = st.shots
-    if st.delay is not None:
-        own = own + st.delay
     h_own = np.maximum(own - steps_own * st.td, 0.0) / np.maximum(steps_own, 1.0)
     if st.delay is not None:
-        h_own = np.maximum(h_own - st.delay / np.maximum(steps_own, 1.0), 0.0)
-    edges = np.unique(np.round(np.geomspace(1, steps_own.max() + 2, WINDOW_BINS + 1)))
-    which = np.clip(np.searchsorted(edges, np.maximum(steps_own, 1.0), side="right") - 1, 0,
-                    len(edges) - 1)
+        own = own + st.delay
+    which = _window_bin_index(np.maximum(steps_own, 1.0), steps_own.max() + 2)
     # the runs present at arrival drew arrivals over their own spans: per run, the share of the
     # step that draws arrivals
     eta = st.excite * (1.0 - st.td / st.tbar) * (
@@ -933,10 +929,15 @@ def _ttft_quantiles(st: _State, admit_wait: float):
     return quantiles_from_pmf(pmf, grid, QUANTILES), mean
 
 
+def _window_bin_index(w: np.ndarray, top: float) -> np.ndarray:
+    """Log-spaced bin (WINDOW_BINS edges from 1 to `top` steps) of each window length."""
+    edges = np.unique(np.round(np.geomspace(1, top, WINDOW_BINS + 1)))
+    return np.clip(np.searchsorted(edges, w, side="right") - 1, 0, len(edges) - 1)
+
+
 def _window_bins(w: np.ndarray):
     """Group decode windows (steps) into log-spaced bins: representative window and weight."""
-    edges = np.unique(np.round(np.geomspace(1, w.max() + 1, WINDOW_BINS + 1)))
-    which = np.clip(np.searchsorted(edges, w, side="right") - 1, 0, len(edges) - 1)
+    which = _window_bin_index(w, w.max() + 1)
     reps, weights = [], []
     for b in np.unique(which):
         sel = w[which == b]

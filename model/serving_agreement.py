@@ -224,8 +224,9 @@ def write_report(names=None) -> str:
         "rows on one rank: the TTFT treats the other runs as self-excited (negative-binomial "
         "counts; open loop also a mean-field rate while the prompt is in flight), which a closed "
         "loop leaves out, so `fixed-8k1k-think10-n32-t512` (short prompts, long think) stays "
-        "-12% / -18% at P50 / P99. Seed-to-seed spread of the simulation (5 seeds, CV): about "
-        "3% for fixed-length percentiles, 5-10% for the AgentX P99 TTFT, up to 33% for "
+        "-12% / -18% at P50 / P99 (2026-12-02). Seed-to-seed spread of the simulation (5 seeds, "
+        "CV, measured 2026-12-02): about "
+        "3% for fixed-length percentiles, 5-11% for the AgentX P99 TTFT, up to 33% for "
         "`agentx-pop16-n48` P90 TTFT and P99 TPOT, where no closed form can be pinned to 10%.",
         "",
         head, rule, *body, ""])
