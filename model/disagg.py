@@ -147,7 +147,7 @@ def prefill_saturation_rps(step_time_s, chunk_tokens: float, uncached_tokens: fl
     `step_time_s` is the step time of a `chunk_tokens` prefill step (array over plans);
     each request needs `uncached_tokens` of prefill (theory.md §7: Thr_P / E[n_uncached])."""
     tokens_per_s = chunk_tokens / np.asarray(step_time_s, float)
-    return tokens_per_s / max(uncached_tokens, 1.0)
+    return tokens_per_s / np.maximum(uncached_tokens, 1.0)
 
 
 def decode_saturation(batch, step_time_s, output_tokens: float, slo_tokens_per_s: float = 0.0,

@@ -3,7 +3,7 @@
 Pipeline: workload -> traffic moments; every valid parallel plan per replica size
 (`model.parallel.enumerate_plans`) -> one step table each (`model.step`); candidates:
 aggregated (replicas x concurrency x engine knobs) and disaggregated (prefill plan x decode plan x
-xPyD ratio x decode batch), evaluated vectorized (`model.search`); the Pareto front of TPGS vs P90
+xPyD ratio x concurrency), evaluated vectorized (`model.search`); the Pareto front of TPGS vs P90
 interactivity; the best candidate meeting the SLO; its cost (`model.cost`) and launch commands
 (`model.launch`). The two-stage P/D method (`model.disagg`) is reported as its own table.
 
@@ -318,9 +318,8 @@ def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int,
     """Every (plan, threshold, interval, concurrency) of aggregated replicas, in one array pass.
     `cache_inputs` = (arch, kv_dtype, workload, CacheSetup): hit rates answer to each plan's tier
     capacities and the policy (model.search_cache); None keeps the infinite-cache hit rate.
-    With `slo`, each (plan, knobs) gets `refine` more concurrencies between its last grid point
-    meeting the SLO and the next one: TPGS at the SLO is set by that edge, and a coarse grid
-    would rank plans by where the grid happens to fall."""
+    With `slo`, each (plan, knobs) gets `refine` more concurrencies at its SLO edge
+    (`slo_edge_concurrencies`)."""
     usable = [pm for pm in models if gpus % pm.plan.gpus == 0]
     if not usable:
         return pd.DataFrame()
@@ -338,21 +337,37 @@ def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int,
     args = (usable, table, hw, traffic, gpus, kv_bytes_per_token, max_num_batched_tokens,
             cache_inputs)
     frame = _aggregated_frame(*args, combo[which], np.tile(conc, len(combo)))
-    if slo is None or refine <= 0 or len(conc) < 2:
+    if slo is None:
         return frame
-    ok = (frame["feasible"] & (frame["p90_interactivity_tok_s"] >= slo)).to_numpy()
-    ok = ok.reshape(len(combo), len(conc))
+    idx, fine = slo_edge_concurrencies(conc, _meets(frame, slo), refine)
+    if not len(idx):
+        return frame
+    return pd.concat([frame, _aggregated_frame(*args, combo[idx], fine)], ignore_index=True)
+
+
+def _meets(frame: pd.DataFrame, slo: float) -> np.ndarray:
+    return (frame["feasible"] & (frame["p90_interactivity_tok_s"] >= slo)).to_numpy()
+
+
+def slo_edge_concurrencies(conc: np.ndarray, ok: np.ndarray, refine: int
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """`ok` is flat over (combo, sorted concurrency `conc`): for each combo whose last grid point
+    meeting the SLO is not the grid's last, `refine` integer concurrencies between it and the next
+    one. TPGS at the SLO is set by that edge, and a coarse grid would rank combos by where the
+    grid happens to fall. Returns (combo index, concurrency) arrays."""
+    empty = np.array([], int), np.array([], float)
+    if refine <= 0 or len(conc) < 2:
+        return empty
+    ok = ok.reshape(-1, len(conc))
     edge = np.where(ok.any(axis=1), len(conc) - 1 - np.argmax(ok[:, ::-1], axis=1), -1)
     sel = (edge >= 0) & (edge < len(conc) - 1)
     if not sel.any():
-        return frame
+        return empty
     lo, hi = conc[edge[sel]], conc[edge[sel] + 1]
     steps = np.arange(1, refine + 1) / (refine + 1)
     fine = np.round(lo[:, None] + (hi - lo)[:, None] * steps[None, :])
     keep = (fine > lo[:, None]) & (fine < hi[:, None])
-    idx = np.repeat(np.flatnonzero(sel), refine)[keep.ravel()]
-    extra = _aggregated_frame(*args, combo[idx], fine.ravel()[keep.ravel()])
-    return pd.concat([frame, extra], ignore_index=True)
+    return np.repeat(np.flatnonzero(sel), refine)[keep.ravel()], fine.ravel()[keep.ravel()]
 
 
 def _aggregated_frame(usable, table, hw, traffic: Traffic, gpus: int, kv_bytes_per_token: float,
@@ -397,10 +412,16 @@ def _aggregated_frame(usable, table, hw, traffic: Traffic, gpus: int, kv_bytes_p
 
 def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: int,
                          kv_bytes_per_token: float, link_bytes_per_s: float, chunk: int,
-                         slo: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+                         slo: float, concurrency, cache_inputs=None, prefill_hw=None,
+                         max_num_seqs: int = 256, refine: int = 8
+                         ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stage 1: saturation of every prefill-only and decode-only plan. Stage 2: every xPyD ratio
-    x decode batch of every plan pair, vectorized per (prefill size, decode size) group."""
-    sat_rows, cols = [], {}
+    of every plan pair that fills the budget, at each client concurrency (closed loop,
+    `evaluate_disaggregated`), refined at each combo's SLO edge as in the aggregated search.
+    `cache_inputs` = (arch, kv_dtype, workload, CacheSetup): the prefix cache lives on the
+    prefill workers (sticky sessions), each holding concurrency / x sessions; evicted prefixes
+    are recomputed and lower-tier hits reloaded before the prefill."""
+    sat_rows = []
     if not prefill_models or not decode_models:
         return pd.DataFrame(), pd.DataFrame(columns=["phase", "plan", "hardware", "gpus",
                                                      "max_rps", "max_rps_per_gpu",
@@ -414,11 +435,12 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
                          "at_interactivity_tok_s": np.nan})
     batches = np.array([DECODE_BATCHES * pm.plan.dp for pm in decode_models])
     steps = np.array([pm.table(0.0, b) for pm, b in zip(decode_models, batches, strict=True)])
-    tps = np.array([pm.tokens_per_step for pm in decode_models])[:, None]
-    kv_batch = np.array([pm.kv_tokens / traffic.context_mean for pm in decode_models])[:, None]
-    rate = batches * tps / (traffic.output_mean * steps)
-    inter = tps / steps
-    ok = (inter >= slo) & (batches <= kv_batch)
+    tps = np.array([pm.tokens_per_step for pm in decode_models])
+    kv_batch = np.array([pm.kv_tokens / traffic.context_mean for pm in decode_models])
+    b_cap = np.minimum(kv_batch, np.array([max_num_seqs * pm.plan.dp for pm in decode_models]))
+    rate = batches * tps[:, None] / (traffic.output_mean * steps)
+    inter = tps[:, None] / steps
+    ok = (inter >= slo) & (batches <= b_cap[:, None])
     best = np.argmax(np.where(ok, rate, -1.0), axis=1)
     for k, pm in enumerate(decode_models):
         i, good = best[k], ok[k, best[k]]
@@ -426,81 +448,59 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
                          "gpus": pm.plan.gpus, "max_rps": rate[k, i] if good else 0.0,
                          "max_rps_per_gpu": (rate[k, i] if good else 0.0) / pm.plan.gpus,
                          "at_interactivity_tok_s": inter[k, i] if good else np.nan})
+    # combos: (prefill plan, decode plan, x, y) filling the whole budget (idle GPUs serve nothing)
     p_size = np.array([pm.plan.gpus for pm in prefill_models])
     d_size = np.array([pm.plan.gpus for pm in decode_models])
-    senders = np.array([pm.plan.attention_gpus for pm in prefill_models], float)
+    parts = []
     for gp in np.unique(p_size):
         for gd in np.unique(d_size):
-            # the whole budget: a deployment that leaves GPUs idle serves less per budget GPU
             xs, ys = xpyd_grid(int(gp), int(gd), gpus, exact=True)
-            if len(xs) == 0:
-                continue
-            pi, di = np.flatnonzero(p_size == gp), np.flatnonzero(d_size == gd)
-            P = (slice(None), None, None, None)  # noqa: N806  (prefill plans axis)
-            D = (None, slice(None), None, None)  # noqa: N806
-            D2 = (None, slice(None), None, slice(None))  # noqa: N806
-            XY = (None, None, slice(None), None)  # noqa: N806
-            r = evaluate_disaggregated(
-                t_p[pi][P], gp, senders[pi][P], batches[di][D2], steps[di][D2], gd,
-                kv_batch[di][:, 0][D], xs[XY], ys[XY], traffic, chunk_p[pi][P],
-                kv_bytes_per_token, link_bytes_per_s, tps[di][:, 0][D])
-            shape = (len(pi), len(di), len(xs), batches.shape[1])
-            idx_p = np.broadcast_to(pi[P], shape).ravel()
-            idx_d = np.broadcast_to(di[D], shape).ravel()
-            r["_p"], r["_d"] = idx_p, idx_d
-            for key, val in r.items():
-                cols.setdefault(key, []).append(val)
-    if not cols:
+            if len(xs):
+                pi, di, ri = np.meshgrid(np.flatnonzero(p_size == gp), np.flatnonzero(d_size == gd),
+                                         np.arange(len(xs)), indexing="ij")
+                parts.append(np.stack([pi.ravel(), di.ravel(), xs[ri.ravel()], ys[ri.ravel()]], 1))
+    if not parts:
         return pd.DataFrame(), pd.DataFrame(sat_rows)
-    data = {k: np.concatenate(v) for k, v in cols.items()}
+    combo = np.concatenate(parts)
+    conc = np.sort(np.asarray(concurrency, float))
+    args = (combo, prefill_models, decode_models, t_p, chunk_p, b_cap, tps, traffic,
+            kv_bytes_per_token, link_bytes_per_s, cache_inputs, prefill_hw)
+    frame = _disaggregated_frame(*args, np.repeat(np.arange(len(combo)), len(conc)),
+                                 np.tile(conc, len(combo)))
+    idx, fine = slo_edge_concurrencies(conc, _meets(frame, slo), refine)
+    if len(idx):
+        frame = pd.concat([frame, _disaggregated_frame(*args, idx, fine)], ignore_index=True)
+    return frame, pd.DataFrame(sat_rows)
+
+
+def _disaggregated_frame(combo, prefill_models, decode_models, t_p, chunk_p, b_cap, tps,
+                         traffic: Traffic, kv_bytes_per_token: float, link_bytes_per_s: float,
+                         cache_inputs, prefill_hw, rows: np.ndarray, c: np.ndarray
+                         ) -> pd.DataFrame:
+    """Candidates for explicit rows: combos (prefill plan, decode plan, x, y) x concurrency."""
+    ip, id_, x, y = (combo[rows, j] for j in range(4))
+    miss, lower_s, hit = np.zeros(len(c)), np.zeros(len(c)), np.full(len(c), traffic.hit_rate)
+    if cache_inputs is not None:
+        arch, kv_dtype, workload, setup = cache_inputs
+        for j in np.unique(ip):
+            sel = ip == j
+            m, lo, h, rl = _cache_terms(prefill_models[j], arch, prefill_hw, kv_dtype, workload,
+                                        c[sel] / x[sel], setup)
+            miss[sel], lower_s[sel], hit[sel] = m, lo * rl, h
+    table = StepTable.stack([pm.table for pm in decode_models])
+    pm_p = [prefill_models[j] for j in ip]
+    r = evaluate_disaggregated(
+        t_p[ip], [pm.plan.gpus for pm in pm_p], [pm.plan.attention_gpus for pm in pm_p],
+        table, id_, [decode_models[j].plan.gpus for j in id_], b_cap[id_], x, y, c, traffic,
+        chunk_p[ip], kv_bytes_per_token, link_bytes_per_s, tps[id_], miss, lower_s)
     p_labels = np.array([pm.plan.label() for pm in prefill_models], object)
     d_labels = np.array([pm.plan.label() for pm in decode_models], object)
     p_ids = np.array([id(pm) for pm in prefill_models], object)
     d_ids = np.array([id(pm) for pm in decode_models], object)
-    cands = pd.DataFrame({
-        "mode": "disaggregated", "plan": p_labels[data["_p"]], "decode_plan": d_labels[data["_d"]],
-        "replicas": 0, "threshold": 0, "interval": 1,
-        **{k: v for k, v in data.items() if not k.startswith("_")},
-        "limit": np.where(data["prefill_rps"] < data["decode_rps"], "prefill_rate",
-                          "decode_rate"),
-        "_model": p_ids[data["_p"]], "_decode_model": d_ids[data["_d"]]})
-    cands["concurrency"] = np.round(cands["concurrency"]).astype(int)
-    return cands, pd.DataFrame(sat_rows)
-
-
-def finite_cache_disaggregated(cands: pd.DataFrame, prefill_models, arch, prefill_hw, kv_dtype,
-                               workload, cache: CacheSetup, traffic: Traffic) -> pd.DataFrame:
-    """Disaggregated candidates with the prefix cache on the prefill workers (sticky sessions):
-    each prefill instance holds concurrency / x sessions; evicted prefixes are recomputed (the
-    prefill rate falls by U / (U + misses)) and lower-tier hits are reloaded before the prefill.
-    Applied after the infinite-cache pass, whose concurrency (Little's law) gives the sessions."""
-    if cands.empty:
-        return cands
-    out = cands.copy()
-    u0 = traffic.uncached_mean
-    miss = np.zeros(len(out))
-    lower_s = np.zeros(len(out))
-    hit = np.full(len(out), traffic.hit_rate)
-    sessions = out["concurrency"].to_numpy(float) / np.maximum(out["x"].to_numpy(float), 1.0)
-    codes, uniques = pd.factorize(out["_model"])
-    by_id = {id(pm): pm for pm in prefill_models}
-    order = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
-    for j, model_id in enumerate(uniques):
-        sel = order[bounds[j]:bounds[j + 1]]
-        m, lo, h, rl = _cache_terms(by_id[model_id], arch, prefill_hw, kv_dtype, workload,
-                                    sessions[sel], cache)
-        miss[sel], lower_s[sel], hit[sel] = m, lo * rl, h
-    x = np.maximum(out["x"].to_numpy(float), 1.0)
-    thr_p = out["prefill_rps"].to_numpy(float) * u0 / x  # prefill tokens/s per instance
-    prefill_rps = out["prefill_rps"].to_numpy(float) * u0 / (u0 + miss)
-    rate = np.minimum(prefill_rps, out["decode_rps"].to_numpy(float))
-    old_rate = out["rate_rps"].to_numpy(float)
-    out["tpgs"] = out["tpgs"].to_numpy(float) * rate / np.maximum(old_rate, 1e-300)
-    out["p90_ttft_s"] = out["p90_ttft_s"].to_numpy(float) + miss / thr_p + lower_s
-    out["prefill_rps"], out["rate_rps"], out["hit_rate"] = prefill_rps, rate, hit
-    out["limit"] = np.where(prefill_rps < out["decode_rps"].to_numpy(float), "prefill_rate",
-                            "decode_rate")
+    out = pd.DataFrame({"mode": "disaggregated", "plan": p_labels[ip], "decode_plan": d_labels[id_],
+                        "replicas": 0, "threshold": 0, "interval": 1, **r, "hit_rate": hit,
+                        "_model": p_ids[ip], "_decode_model": d_ids[id_]})
+    out["concurrency"] = np.round(out["concurrency"]).astype(int)
     return out
 
 
@@ -614,10 +614,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
         link = min(float(phw.scale_out_bandwidth_bytes_per_s),
                    float(hw.scale_out_bandwidth_bytes_per_s))
         d_frame, sat = search_disaggregated(p_models, d_models, traffic, gpus, kv_per_token, link,
-                                            chunk, slo_p90_interactivity)
-        if cache_inputs is not None:
-            d_frame = finite_cache_disaggregated(d_frame, p_models, a, phw, kv_dtype, w, cache,
-                                                 traffic)
+                                            chunk, slo_p90_interactivity, concurrency,
+                                            cache_inputs, phw)
         frames.append(d_frame)
     frames = [f for f in frames if not f.empty]
     if not frames:

@@ -154,15 +154,16 @@ class Context:
             raise value
         return value
 
-    def plan_summary(self, arch: str, hardware: str, gpus: int,
-                     precision: str | None = None) -> dict[str, float]:
-        key = ("plan", arch, hardware, int(gpus), precision)
+    def plan_summary(self, arch: str, hardware: str, gpus: int, precision: str | None = None,
+                     concurrency: int | None = None) -> dict[str, float]:
+        key = ("plan", arch, hardware, int(gpus), precision, concurrency)
         return self.memo(key, lambda: plan_summary(arch, hardware, int(gpus),
                                                    self.defaults["workload"],
                                                    float(self.defaults["slo_p90_interactivity"]),
-                                                   precision))
+                                                   precision, concurrency))
 
-    def prefetch_plans(self, keys: list[tuple[str, str, int, str | None]], workers: int) -> None:
+    def prefetch_plans(self, keys: list[tuple[str, str, int, str | None, int | None]],
+                       workers: int) -> None:
         """Run the independent plan searches in parallel processes (they dominate the run)."""
         todo = [k for k in dict.fromkeys(keys) if ("plan", *k) not in self._memo]
         if workers <= 1 or len(todo) <= 1:
@@ -172,7 +173,7 @@ class Context:
         wl, slo = self.defaults["workload"], float(self.defaults["slo_p90_interactivity"])
         with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
                                  mp_context=worker_context()) as pool:
-            futures = {k: pool.submit(plan_summary, *k[:3], wl, slo, k[3]) for k in todo}
+            futures = {k: pool.submit(plan_summary, *k[:3], wl, slo, *k[3:]) for k in todo}
             for k, fut in futures.items():
                 try:
                     self._memo[("plan", *k)] = (True, fut.result())
@@ -181,11 +182,14 @@ class Context:
 
 
 def plan_summary(arch: str, hardware: str, gpus: int, workload: str,
-                 slo_p90_interactivity: float, precision: str | None = None) -> dict[str, float]:
-    """The plan search's best deployment and its peaks, as plain numbers (picklable)."""
+                 slo_p90_interactivity: float, precision: str | None = None,
+                 concurrency: int | None = None) -> dict[str, float]:
+    """The plan search's best deployment and its peaks, as plain numbers (picklable);
+    `concurrency` fixes the client lanes (else searched)."""
     from model.plan import plan
 
-    result = plan(arch, hardware, gpus, workload, slo_p90_interactivity, precision=precision)
+    result = plan(arch, hardware, gpus, workload, slo_p90_interactivity, precision=precision,
+                  concurrency=None if concurrency is None else [int(concurrency)])
     contract = result.contract()
     cands = result.candidates
     ok = cands[cands["feasible"]] if "feasible" in cands else cands
@@ -226,9 +230,10 @@ def workload_statistic(ctx: Context, statistic: str, sessions: int = 2000, seed:
 
 @predictor
 def plan_metric(ctx: Context, arch: str, hardware: str, gpus: int, metric: str,
-                precision: str | None = None) -> float:
-    """A number of the best deployment under the SLO (`servecast plan`)."""
-    summary = ctx.plan_summary(arch, hardware, gpus, precision)
+                precision: str | None = None, concurrency: int | None = None) -> float:
+    """A number of the best deployment under the SLO (`servecast plan`), at a fixed client
+    `concurrency` when one is given."""
+    summary = ctx.plan_summary(arch, hardware, gpus, precision, concurrency)
     if metric not in summary:
         raise ServecastError(f"plan metric {metric!r}; allowed: {', '.join(summary)}")
     return _number(summary[metric], metric)
@@ -386,7 +391,7 @@ def reproduce(paper: str = "vllm-agentx", only: list[str] | None = None,
     ctx = Context(spec.defaults)
     started = time.perf_counter()
     plan_keys = [(c.args["arch"], c.args["hardware"], int(c.args["gpus"]),
-                  c.args.get("precision")) for c in claims
+                  c.args.get("precision"), c.args.get("concurrency")) for c in claims
                  if c.predictor in ("plan_metric", "plan_peak")]
     ctx.prefetch_plans(plan_keys, workers)
     rows = [evaluate(c, ctx) for c in claims]

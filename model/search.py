@@ -27,12 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from model.disagg import (
-    kv_transfer_time_s,
-    mdl_wait_s,
-    prefill_saturation_rps,
-    system_rate_rps,
-)
+from model.disagg import kv_transfer_time_s, mdl_wait_s, prefill_saturation_rps
 from model.errors import ServecastError
 
 Z90 = 1.2816  # standard normal 90th percentile
@@ -330,50 +325,68 @@ def _ttft(chunks, t_chunk, t_quiet, pp, interval):
 
 # ---------------------------------------------------------------- disaggregated
 
-def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_batch,
-                           decode_step_s, decode_gpus, decode_kv_batch, x, y, traffic: Traffic,
-                           chunk_tokens, kv_bytes_per_token: float, link_bytes_per_s: float,
-                           tokens_per_step=1.0) -> dict:
-    """Disaggregated candidates given as broadcastable arrays (e.g. prefill plans x decode plans
-    x xPyD ratios x decode batches); returns flattened arrays.
+def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_table: StepTable,
+                           which, decode_gpus, decode_batch_cap, x, y, concurrency,
+                           traffic: Traffic, chunk_tokens, kv_bytes_per_token: float,
+                           link_bytes_per_s: float, tokens_per_step=1.0, miss_tokens=0.0,
+                           lower_tier_s=0.0, iterations: int = 40) -> dict:
+    """Closed loop of `concurrency` lanes over x prefill and y decode instances, all arguments
+    broadcastable arrays (one entry per candidate); returns flattened arrays.
 
-    Stage 1 (saturation): lam_P = chunk/T_P/U per prefill instance; lam_D(B) = B/(O*T_D(B)) per
-    decode instance at batch B (pure decode: no prefill interference). Stage 2 (ratio): the
-    system serves min(x lam_P, y lam_D); TTFT adds M/D/1 prefill queueing and the KV hand-off.
-    `chunk_tokens` is what one prefill step carries (all DP ranks)."""
-    u, o, s, z = traffic.uncached_mean, traffic.output_mean, traffic.context_mean, traffic.gap_mean_s
-    t_p = np.asarray(prefill_step_s, float)
-    thr_p = np.asarray(chunk_tokens, float) / t_p  # prefill tokens/s per instance
-    lam_p = prefill_saturation_rps(t_p, chunk_tokens, u)
-    batch = np.asarray(decode_batch, float)
-    steps = np.asarray(decode_step_s, float)
-    tps = np.asarray(tokens_per_step, float)
-    rate_d = batch * tps / (o * steps)
-    inter = tps / steps
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    rate = system_rate_rps(x, y, lam_p, rate_d)
-    rho = rate / (x * lam_p)
+    A lane's cycle: M/D/1 wait in the prefill pool (at its load), the prefill of U uncached tokens
+    at the prefill instance's rate chunk / T_P (`prefill_step_s` is its `chunk_tokens` step), the
+    KV hand-off, O / q decode steps of T_D(b), the think gap. With b the mean decoding sequences
+    per decode instance (`decode_table(0, b, which)` gives T_D, no prefill interference) the
+    system serves r(b) = y b q / (O T_D(b)) requests/s and holds N(b) = r(b) * cycle(b) lanes
+    (Little's law); N rises with b, so bisection on log b finds the b that carries the given
+    lanes. b stops at `decode_batch_cap` (KV pool, max_num_seqs): lanes beyond it wait for a
+    decode slot, and a prefill pool near saturation absorbs them in its M/D/1 wait.
+    Finite cache: `miss_tokens` per request are recomputed (prefill work), `lower_tier_s` per
+    request reloads lower-tier hits before the prefill."""
+    args = np.broadcast_arrays(*(np.asarray(a, float) for a in (
+        prefill_step_s, prefill_gpus, prefill_senders, which, decode_gpus, decode_batch_cap, x, y,
+        concurrency, chunk_tokens, tokens_per_step, miss_tokens, lower_tier_s)))
+    t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = args
+    which = which.astype(int)
+    u, o, s, z = traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean, \
+        traffic.gap_mean_s
+    thr_p = chunk / t_p  # prefill tokens/s per instance
+    lam_p = prefill_saturation_rps(t_p, chunk, u)
     service = u / thr_p
-    wait = mdl_wait_s(service, np.minimum(rho, 0.999))
-    hand_off = kv_transfer_time_s(traffic.uncached_p90, kv_bytes_per_token, link_bytes_per_s,
-                                  prefill_senders)
-    ttft_p90 = traffic.uncached_p90 / thr_p + wait + hand_off
-    b_run = batch * np.minimum(1.0, rate / np.maximum(y * rate_d, 1e-12))
-    gpus = x * prefill_gpus + y * decode_gpus
-    tpgs = rate * (s + o) / gpus
-    concurrency = rate * (service + wait + hand_off + o / tps * steps + z)  # Little's law
-    shape = np.broadcast_shapes(*(np.shape(v) for v in (rate, ttft_p90, b_run, gpus, inter)))
+    hand_mean = kv_transfer_time_s(u, kv_bytes_per_token, link_bytes_per_s, senders)
+    fixed = service + hand_mean + lower + z  # cycle time outside the queue and the decode
 
-    def flat(v):
-        return np.broadcast_to(v, shape).ravel()
+    def state(b):
+        step = decode_table(0.0, b, which)
+        r = y * b * tps / (o * step)
+        wait = mdl_wait_s(service, r / (x * lam_p))
+        return step, r, wait, r * (fixed + wait + o / tps * step)
 
-    return {"x": flat(x).astype(int), "y": flat(y).astype(int), "decode_batch": flat(b_run),
-            "decode_batch_cap": flat(batch), "tpgs": flat(tpgs),
-            "p90_interactivity_tok_s": flat(inter), "p90_ttft_s": flat(ttft_p90),
-            "rate_rps": flat(rate), "gpus": flat(gpus).astype(int),
-            "concurrency": flat(concurrency), "prefill_rps": flat(x * lam_p),
-            "decode_rps": flat(y * rate_d), "step_time_s": flat(steps),
-            "feasible": flat((batch <= decode_kv_batch) & np.isfinite(ttft_p90))}
+    lo = np.full(conc.shape, np.log(1e-3))
+    hi = np.log(np.maximum(b_cap, 1e-3))
+    at_cap = state(np.exp(hi))[3] <= conc
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        over = state(np.exp(mid))[3] > conc
+        hi, lo = np.where(over, mid, hi), np.where(over, lo, mid)
+    b = np.where(at_cap, np.maximum(b_cap, 1e-3), np.exp(lo))
+    step, rate, wait, held = state(b)
+    queue = np.where(at_cap, np.maximum(conc / np.maximum(rate, 1e-300)
+                                        - (fixed + wait + o / tps * step), 0.0), 0.0)
+    hand_p90 = kv_transfer_time_s(traffic.uncached_p90 + miss, kv_bytes_per_token,
+                                  link_bytes_per_s, senders)
+    ttft_p90 = (traffic.uncached_p90 + miss) / thr_p + wait + hand_p90 + lower + queue
+    rho = rate / (x * lam_p)
+    gpus = x * g_p + y * g_d
+    limit = np.where(at_cap, "decode_rate", np.where(rho > 0.95, "prefill_rate", "lanes"))
+    out = {"x": x.astype(int), "y": y.astype(int), "decode_batch": b, "decode_batch_cap": b_cap,
+           "tpgs": rate * (s + o) / gpus, "p90_interactivity_tok_s": tps / step,
+           "p90_ttft_s": ttft_p90, "mean_ttft_s": service + wait + hand_mean + lower + queue,
+           "rate_rps": rate, "gpus": gpus.astype(int), "concurrency": conc,
+           "prefill_rps": x * lam_p, "decode_rps": y * b_cap * tps / (o * state(b_cap)[0]),
+           "step_time_s": step, "limit": limit,
+           "feasible": (b_cap >= 1.0) & np.isfinite(ttft_p90)}
+    return {k: np.ravel(v) for k, v in out.items()}
 
 
 # ---------------------------------------------------------------- Pareto and best

@@ -65,6 +65,11 @@ def test_cli_plan_json_contract(capsys):
     for key in CONTRACT:
         assert key in out
     assert out["deployment"]["engine"]["long_prefill_token_threshold"] == 512
+    # --concurrency fixes the client sessions of the chosen deployment
+    assert main(["plan", "--arch", "qwen3-32b", "--hardware", "h100-sxm", "--gpus", "2",
+                 "--workload", "fixed-8k1k", "--slo-p90-interactivity", "20",
+                 "--concurrency", "12", "--no-verify", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["deployment"]["concurrency"] == 12
 
 
 def test_cli_plan_errors_are_one_line(capsys):
@@ -75,6 +80,9 @@ def test_cli_plan_errors_are_one_line(capsys):
     assert main(["plan", "--arch", "qwen3-32b", "--hardware", "h100-sxm", "--gpus", "2",
                  "--slo-p90-interactivity", "5000", "--json"]) == 2
     assert "5000" in capsys.readouterr().err
+    assert main(["plan", "--concurrency", "256,-1", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--concurrency" in err[0] and "positive integers" in err[0]
 
 
 def test_plan_family_names():
@@ -156,3 +164,26 @@ def test_search_agrees_with_the_serving_model():
     ratio = c["search"]["p90_interactivity_tok_s"] / c["serving"]["p90_interactivity_tok_s"]
     assert 0.65 < ratio <= 1.05
     assert c["serving"]["hit_rate"] == pytest.approx(c["search"]["hit_rate"], abs=0.02)
+
+
+def test_fixed_concurrency_holds_in_both_modes():
+    # `concurrency` is a search dimension of both modes (issue #6: "GPU budget; concurrency"):
+    # fixed at 24 sessions, every candidate carries exactly 24 lanes, and a disaggregated one
+    # holds them by Little's law: rate x (TTFT incl. queueing + O / interactivity + gap) = 24.
+    r = plan("qwen3-32b", "h100-sxm", 4, "fixed-8k1k", 20.0, concurrency=[24])
+    c = r.candidates
+    assert set(c["mode"]) == {"aggregated", "disaggregated"}
+    assert set(c["concurrency"]) == {24}
+    d = c[c["mode"] == "disaggregated"]
+    held = d["rate_rps"] * (d["mean_ttft_s"] + r.traffic.output_mean
+                            / d["p90_interactivity_tok_s"] + r.traffic.gap_mean_s)
+    assert held.to_numpy() == pytest.approx(24.0, rel=1e-4)
+    # with the infinite cache (the hit rate no longer falls with sessions), more lanes on the
+    # same disaggregated deployment never serve less, and serve more where the lanes bound it
+    kw = {"modes": ("disaggregated",), "finite_cache": False}
+    few = plan("qwen3-32b", "h100-sxm", 4, "fixed-8k1k", 20.0, concurrency=[24], **kw).candidates
+    more = plan("qwen3-32b", "h100-sxm", 4, "fixed-8k1k", 20.0, concurrency=[48], **kw).candidates
+    both = few.merge(more, on=["plan", "decode_plan", "x", "y"], suffixes=("", "_48"))
+    assert len(both) and (both["rate_rps_48"] >= both["rate_rps"] * (1 - 1e-9)).all()
+    lanes = both[both["limit"] == "lanes"]
+    assert len(lanes) and (lanes["rate_rps_48"] > 1.01 * lanes["rate_rps"]).all()

@@ -5,11 +5,12 @@ prefix cache; no per-row factors.
 What the model says about each row (the issue asks for 25%; the closing note gives the figures):
 - DeepSeek V4 Pro on 12 GB300, 83K TPGS: the post's deployment shape (one DEP4 prefill tray,
   one DEP8 decode pair of trays) comes out within 25%; the search finds a prefill-heavier split
-  (8 prefill : 4 decode GPUs) that serves ~1.6x more, because with MTP (acceptance length 2.49)
-  four decode GPUs keep up with eight prefill GPUs at 50 tok/s.
+  (8 prefill : 4 decode GPUs) that serves ~1.9x more, because with MTP (acceptance length 2.49)
+  four decode GPUs keep up with eight prefill GPUs at 50 tok/s (and the SLO leaves TTFT free, so
+  the search fills the prefill pool: its M/D/1 queue holds the extra lanes).
 - MiniMax M3 on 2 B300, 70K: aggregated TP2, within 25%; its limit is the SLO at ~50 sessions
   (prefill chunks lengthen the steps of the few decodes that fit beside 221 GB of weights).
-- Kimi K3 on 16 GB300, 11.8K: over-predicted (~2x disaggregated, ~1.6x aggregated): the post's
+- Kimi K3 on 16 GB300, 11.8K: over-predicted (~1.9x disaggregated, ~1.8x aggregated): the post's
   deployment is not given, and nothing in the calibrated physics explains its lower rate.
 """
 

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from model.disagg import xpyd_grid
 from model.errors import Infeasible
 from model.parallel import ParallelPlan
 from model.search import (
@@ -131,26 +130,42 @@ def test_threshold_raises_p90_interactivity_under_long_prefills():
     assert on["p90_ttft_s"][0] > off["p90_ttft_s"][0]
 
 
-def test_disaggregated_grid_rates():
-    # Prefill instance (2 GPUs): 8192-token chunks in 0.5 s -> 16,384 tok/s / 2,000 = 8.192 rps.
-    # Decode instance (4 GPUs): batch 32 at 25 ms -> 32/(400*0.025) = 3.2 rps at 40 tok/s.
+def test_disaggregated_closed_loop_at_a_given_concurrency():
+    # Prefill instance (2 GPUs): 8192-token chunks in 0.5 s -> 16,384 tok/s, 8.192 rps at 2,000
+    # uncached tokens. Decode instance (4 GPUs): 25 ms steps whatever the batch. A lane's cycle
+    # (Little's law, N = r * cycle): M/D/1 wait at rho = r / 8.192 (theory.md §6, T18) + 2,000 /
+    # 16,384 s of prefill + the KV hand-off (2,000 x 50 KB over 50 GB/s + 32 descriptors x 2 us)
+    # + 400 decode steps x 25 ms + the 10 s gap.
+    from scipy.optimize import brentq
+
     tr = _traffic()
-    x, y = xpyd_grid(2, 4, 14)
-    r = pd.DataFrame(evaluate_disaggregated(0.5, 2, 1, np.array([32.0]), np.array([0.025]), 4,
-                                            1e9, x[:, None], y[:, None], tr, 8192, 50_000, 50e9))
-    one_three = r[(r.x == 1) & (r.y == 3)].iloc[0]
-    assert one_three["rate_rps"] == pytest.approx(min(8.192, 9.6))
-    assert one_three["tpgs"] == pytest.approx(8.192 * 100_400 / 14)
-    assert r[(r.x == 2) & (r.y == 3)].empty  # 2*2 + 3*4 = 16 GPUs > 14
-    one_two = r[(r.x == 1) & (r.y == 2)].iloc[0]
-    assert one_two["rate_rps"] == pytest.approx(6.4)
-    assert one_two["p90_interactivity_tok_s"] == pytest.approx(40.0)
-    # TTFT: P90 uncached (2,800 of {1000, 3000}) at 16,384 tok/s + M/D/1 wait at rho = 6.4/8.192
-    # + KV hand-off of 2,800 tokens x 50 KB over 50 GB/s (+ 44 descriptors x 2 us).
-    service = 2000 / 16_384
-    rho = 6.4 / 8.192
-    expected = 2800 / 16_384 + rho * service / (2 * (1 - rho)) + 2800 * 50_000 / 50e9 + 44 * 2e-6
-    assert one_two["p90_ttft_s"] == pytest.approx(expected, rel=1e-6)
+    table = StepTable(ConstantStep(0.025), tr.context_mean, 8192, 8192, 1024)
+    service, hand = 2000 / 16_384, 2000 * 50_000 / 50e9 + 32 * 2e-6
+
+    def cycle(r):
+        rho = r / 8.192
+        return rho * service / (2 * (1 - rho)) + service + hand + 400 * 0.025 + 10.0
+
+    def run(t_prefill, b_cap, n=64.0):
+        return pd.DataFrame(evaluate_disaggregated(t_prefill, 2, 1, table, 0, 4, b_cap, 1, 1, n,
+                                                   tr, 8192, 50_000, 50e9)).iloc[0]
+
+    free = run(0.5, 1e9)
+    r = brentq(lambda r: r * cycle(r) - 64.0, 1e-6, 8.19)
+    assert free["rate_rps"] == pytest.approx(r, rel=1e-4)
+    assert free["decode_batch"] == pytest.approx(r * 400 * 0.025, rel=1e-4)  # b = r O T
+    assert free["tpgs"] == pytest.approx(r * 100_400 / 6, rel=1e-4)
+    assert free["p90_interactivity_tok_s"] == pytest.approx(40.0)
+    assert free["limit"] == "lanes"
+    # 16 decode slots: 16 / (400 x 25 ms) = 1.6 rps; the other lanes wait for a slot (TTFT)
+    capped = run(0.5, 16.0)
+    assert capped["rate_rps"] == pytest.approx(1.6, rel=1e-6) and capped["limit"] == "decode_rate"
+    queue = 64 / 1.6 - cycle(1.6)
+    p90 = 2800 / 16_384 + cycle(1.6) - service - hand - 20.0 + 2800 * 50_000 / 50e9 + 44 * 2e-6
+    assert capped["p90_ttft_s"] == pytest.approx(p90 + queue, rel=1e-6)
+    # a prefill pool of 0.512 rps saturates: the M/D/1 wait takes up the lanes it cannot serve
+    slow = run(8.0, 1e9)
+    assert 0.95 * 0.512 < slow["rate_rps"] < 0.512 and slow["limit"] == "prefill_rate"
 
 
 def test_pareto_and_best_under_slo():

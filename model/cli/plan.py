@@ -24,6 +24,9 @@ def register(app: typer.Typer) -> None:
         long_prefill_token_threshold: int | None = typer.Option(
             None, "--long-prefill-token-threshold",
             help="Fix vLLM's per-request prefill cap (0 = off); searched when omitted."),
+        concurrency: str | None = typer.Option(
+            None, "--concurrency", help="Fix the client sessions (closed-loop lanes), one number "
+            "or a comma list such as 128,256; searched when omitted."),
         mode: str | None = typer.Option(None, "--mode", help="aggregated | disaggregated "
                                         "(both when omitted)."),
         prefill_hardware: str | None = typer.Option(None, "--prefill-hardware",
@@ -58,8 +61,21 @@ def register(app: typer.Typer) -> None:
                       precision=precision, kv_dtype=kv_dtype, api_model=api_model,
                       cost_basis=cost_basis, cache_policy=cache_policy,
                       cache_tiers=tuple(t.strip() for t in cache_tiers.split(",") if t.strip()),
-                      verify=verify)
+                      concurrency=_concurrencies(concurrency), verify=verify)
         out = result.contract()
         if pareto:
             out["pareto"] = result.pareto.to_dict(orient="records")
         emit(out, as_json)
+
+
+def _concurrencies(text: str | None) -> list[int] | None:
+    """`--concurrency 256` or `--concurrency 128,256`: positive integers, else one error line."""
+    from model.errors import ServecastError
+
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ServecastError(f"--concurrency {text!r}: allowed positive integers, e.g. 256 or "
+                             "128,256")
+    return sorted({int(p) for p in parts})
