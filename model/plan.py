@@ -488,11 +488,12 @@ def _disaggregated_frame(combo, prefill_models, decode_models, t_p, chunk_p, b_c
                                         c[sel] / x[sel], setup)
             miss[sel], lower_s[sel], hit[sel] = m, lo * rl, h
     table = StepTable.stack([pm.table for pm in decode_models])
-    pm_p = [prefill_models[j] for j in ip]
-    r = evaluate_disaggregated(
-        t_p[ip], [pm.plan.gpus for pm in pm_p], [pm.plan.attention_gpus for pm in pm_p],
-        table, id_, [decode_models[j].plan.gpus for j in id_], b_cap[id_], x, y, c, traffic,
-        chunk_p[ip], kv_bytes_per_token, link_bytes_per_s, tps[id_], miss, lower_s)
+    p_gpus = np.array([pm.plan.gpus for pm in prefill_models], float)
+    senders = np.array([pm.plan.attention_gpus for pm in prefill_models], float)
+    d_gpus = np.array([pm.plan.gpus for pm in decode_models], float)
+    r = evaluate_disaggregated(t_p[ip], p_gpus[ip], senders[ip], table, id_, d_gpus[id_],
+                               b_cap[id_], x, y, c, traffic, chunk_p[ip], kv_bytes_per_token,
+                               link_bytes_per_s, tps[id_], miss, lower_s)
     p_labels = np.array([pm.plan.label() for pm in prefill_models], object)
     d_labels = np.array([pm.plan.label() for pm in decode_models], object)
     p_ids = np.array([id(pm) for pm in prefill_models], object)

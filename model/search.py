@@ -329,7 +329,7 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
                            which, decode_gpus, decode_batch_cap, x, y, concurrency,
                            traffic: Traffic, chunk_tokens, kv_bytes_per_token: float,
                            link_bytes_per_s: float, tokens_per_step=1.0, miss_tokens=0.0,
-                           lower_tier_s=0.0, iterations: int = 40) -> dict:
+                           lower_tier_s=0.0, iterations: int = 30) -> dict:
     """Closed loop of `concurrency` lanes over x prefill and y decode instances, all arguments
     broadcastable arrays (one entry per candidate); returns flattened arrays.
 
