@@ -8,7 +8,7 @@ interactivity; the best candidate meeting the SLO; its cost (`model.cost`) and l
 (`model.launch`). The two-stage P/D method (`model.disagg`) is reported as its own table.
 
 Documented assumptions (the same for every model and chip, no per-row factors):
-- traffic: the workload's request mix (AgentX: 20K requests, seed 0), think gaps capped at 300 s;
+- traffic: the workload's request mix (200K requests, seed 0), think gaps capped at 300 s;
 - deployment recipe per model family (data/deployments/, model.recipes): served weight precision,
   KV-cache dtype, speculative decoding (off unless an acceptance rate is sourced);
 - prefix caching answers to capacity and policy (model.search_cache): each candidate's HBM pool
@@ -877,7 +877,8 @@ def decode_capacity_by_family(arch, hardware, gpus: int, context: float, output_
 # ---------------------------------------------------------------- the post's rows
 
 # vLLM AgentX post, results and cost tables (seed 000; research/theory.md §1.0). The served
-# precision and KV dtype come from each family's recipe (data/deployments/, model.recipes).
+# precision and KV dtype come from each family's recipe (data/deployments/, model.recipes); the
+# traffic is AgentX v1.0 as SemiAnalysis states it (`agentx-v1`, model.workload_fit).
 POST_ROWS = (
     {"arch": "deepseek-v4-pro", "hardware": "gb300-nvl72", "gpus": 12, "precision": None,
      "concurrency": 256, "tpgs": 83_000, "p90_interactivity_tok_s": 58.3,
@@ -891,18 +892,21 @@ POST_ROWS = (
 )
 
 
-def reproduce_post(slo_p90_interactivity: float = 50.0, workload: str = "agentx",
-                   **plan_kwargs) -> pd.DataFrame:
+def reproduce_post(slo_p90_interactivity: float = 50.0, workload: str = "agentx-v1",
+                   at_post_concurrency: bool = False, **plan_kwargs) -> pd.DataFrame:
     """Plan each of the post's three deployments (same model, chip and GPU count) and compare
-    the predicted TPGS at the SLO with the published one. One row per deployment."""
+    the predicted TPGS at the SLO with the published one. One row per deployment;
+    `at_post_concurrency` fixes each row's client sessions to the post's (256, 24, 48)."""
     rows = []
     for post in POST_ROWS:
         out = {"arch": post["arch"], "hardware": post["hardware"], "gpus": post["gpus"],
                "published_tpgs": post["tpgs"],
                "published_p90_interactivity_tok_s": post["p90_interactivity_tok_s"]}
         try:
+            kw = {**plan_kwargs, "concurrency": [post["concurrency"]]} if at_post_concurrency \
+                else plan_kwargs
             r = plan(post["arch"], post["hardware"], post["gpus"], workload,
-                     slo_p90_interactivity, precision=post["precision"], **plan_kwargs)
+                     slo_p90_interactivity, precision=post["precision"], **kw)
             out.update({"predicted_tpgs": float(r.best["tpgs"]),
                         "predicted_p90_interactivity_tok_s":
                             float(r.best["p90_interactivity_tok_s"]),

@@ -215,14 +215,16 @@ def _number(value: Any, what: str) -> float:
 
 
 @predictor
-def workload_statistic(ctx: Context, statistic: str, sessions: int = 2000, seed: int = 0) -> float:
-    """A statistic of sessions drawn from the workload profile (model.workload_fit)."""
+def workload_statistic(ctx: Context, statistic: str, sessions: int = 2000, seed: int = 0,
+                       workload: str | None = None) -> float:
+    """A statistic of sessions drawn from the workload profile (model.workload_fit); `workload`
+    overrides the paper's default profile."""
     from model.workload import load_workload
     from model.workload_fit import sample_statistics
 
-    stats = ctx.memo(("workload", ctx.defaults["workload"], sessions, seed),
-                     lambda: sample_statistics(load_workload(ctx.defaults["workload"]),
-                                               sessions, seed))
+    name = workload or ctx.defaults["workload"]
+    stats = ctx.memo(("workload", name, sessions, seed),
+                     lambda: sample_statistics(load_workload(name), sessions, seed))
     if statistic not in stats:
         raise ServecastError(f"workload statistic {statistic!r}; allowed: {', '.join(stats)}")
     return _number(stats[statistic], statistic)

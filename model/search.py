@@ -77,9 +77,11 @@ def traffic_from_mix(name: str, context, uncached, output, gap,
                    uncached_sample=uncached)
 
 
-def traffic_from_workload(workload, n: int = 20_000, seed: int = 0, hit_rate: float | None = None,
+def traffic_from_workload(workload, n: int = 200_000, seed: int = 0, hit_rate: float | None = None,
                           gap_cap_s: float = AGENTX_IDLE_CAP_S) -> Traffic:
-    """Moments of `workload.request_mix(n, seed, hit_rate)` (model.workload)."""
+    """Moments of `workload.request_mix(n, seed, hit_rate)` (model.workload). 200K requests:
+    sessions are heavy-tailed (a few long ones carry many long requests), and 20K (~300
+    sessions) left the mean context of a synthetic profile up to 12% off its population mean."""
     mix = workload.request_mix(n, seed, hit_rate)
     return traffic_from_mix(workload.name, mix.context_tokens, mix.uncached_tokens,
                             mix.output_tokens, mix.gap_s, gap_cap_s)

@@ -77,6 +77,32 @@ def test_agentx_synthetic_profile_matches_the_trace_it_was_fitted_to():
     assert w.request_mix(20_000, seed=0).uncached_tokens.mean() > 1.3 * 4_500
 
 
+def test_agentx_v1_profile_carries_the_stated_v1_laws():
+    # SemiAnalysis AgentX v1.0 statistics (research/theory.md §10 [S2]): inter-turn gaps
+    # ~log-normal, median 3.84 s, ~10% over 1 min; DeepSeek V4 runs OSL p50 413 / p90 2.2K /
+    # p95 3.7K / p99 8.6K and ISL p50 88K. Sessions, contexts and fan-out are agentx-synthetic's.
+    import numpy as np
+
+    from model.workload_fit import fit_agentx_v1
+
+    w = load_workload("agentx-v1")
+    syn = load_workload("agentx-synthetic")
+    assert w.turns_per_session == syn.turns_per_session and w.subagents == syn.subagents
+    rng = np.random.default_rng(0)
+    gaps = w.think_time_s.sample(rng, 200_000)
+    assert np.median(gaps) == pytest.approx(3.84, rel=0.02)
+    assert (gaps > 60).mean() == pytest.approx(0.10, abs=0.005)
+    osl = w.output_tokens.sample(rng, 200_000)
+    for q, v in ((50, 413), (90, 2200), (95, 3700), (99, 8600)):
+        assert np.percentile(osl, q) == pytest.approx(v, rel=0.08)
+    isl = w.request_mix(200_000, seed=0).context_tokens
+    assert np.median(isl) == pytest.approx(88_000, rel=0.1)
+    # the stored file is what the builder writes from the synthetic fit
+    rebuilt = fit_agentx_v1(syn.model_dump(mode="json", exclude_none=True))
+    assert rebuilt["output_tokens"]["dist"] == w.output_tokens.dist.model_dump()
+    assert rebuilt["think_time_s"]["dist"] == w.think_time_s.dist.model_dump()
+
+
 def test_request_mix_hit_rate_override_is_exact_in_tokens():
     # scaling every request's cached part by h / h0 makes the token-weighted hit exactly h
     w = load_workload("agentx")

@@ -21,7 +21,7 @@ import pandas as pd
 
 from model import charts
 from model.nbio import write_headline
-from model.reproduce import reproduce
+from model.reproduce import load_paper, reproduce
 from model.reproduce import write_report as write_report_md
 
 patterns = [p.strip() for p in only.split(",") if p.strip()] or None
@@ -67,10 +67,12 @@ def table(prefix: str, suffix: str) -> pd.DataFrame:
 
 
 tpgs = table("results.", ".tpgs").rename(columns={"value": "tpgs"})
+traffic = load_paper("vllm-agentx").defaults["workload"]
 if not tpgs.empty:
     figures += charts.save(charts.bar_chart(tpgs, "model", "tpgs", "source",
                                             title="TPGS at P90 interactivity > 50 tok/s",
-                                            subtitle="AgentX traffic; total tokens per GPU-second"),
+                                            subtitle=f"traffic: {traffic}; total tokens per "
+                                                     "GPU-second"),
                            Path(output_dir) / "results_tpgs")
 
 # %% [markdown]
