@@ -478,12 +478,12 @@ def _disaggregated_frame(combo, prefill_models, decode_models, t_p, chunk_p, b_c
                          cache_inputs, prefill_hw, rows: np.ndarray, c: np.ndarray
                          ) -> pd.DataFrame:
     """Candidates for explicit rows: combos (prefill plan, decode plan, x, y) x concurrency."""
-    ip, id_, x, y = (combo[rows, j] for j in range(4))
+    pi, di, x, y = (combo[rows, j] for j in range(4))
     miss, lower_s, hit = np.zeros(len(c)), np.zeros(len(c)), np.full(len(c), traffic.hit_rate)
     if cache_inputs is not None:
         arch, kv_dtype, workload, setup = cache_inputs
-        for j in np.unique(ip):
-            sel = ip == j
+        for j in np.unique(pi):
+            sel = pi == j
             m, lo, h, rl = _cache_terms(prefill_models[j], arch, prefill_hw, kv_dtype, workload,
                                         c[sel] / x[sel], setup)
             miss[sel], lower_s[sel], hit[sel] = m, lo * rl, h
@@ -491,16 +491,16 @@ def _disaggregated_frame(combo, prefill_models, decode_models, t_p, chunk_p, b_c
     p_gpus = np.array([pm.plan.gpus for pm in prefill_models], float)
     senders = np.array([pm.plan.attention_gpus for pm in prefill_models], float)
     d_gpus = np.array([pm.plan.gpus for pm in decode_models], float)
-    r = evaluate_disaggregated(t_p[ip], p_gpus[ip], senders[ip], table, id_, d_gpus[id_],
-                               b_cap[id_], x, y, c, traffic, chunk_p[ip], kv_bytes_per_token,
-                               link_bytes_per_s, tps[id_], miss, lower_s)
+    r = evaluate_disaggregated(t_p[pi], p_gpus[pi], senders[pi], table, di, d_gpus[di],
+                               b_cap[di], x, y, c, traffic, chunk_p[pi], kv_bytes_per_token,
+                               link_bytes_per_s, tps[di], miss, lower_s)
     p_labels = np.array([pm.plan.label() for pm in prefill_models], object)
     d_labels = np.array([pm.plan.label() for pm in decode_models], object)
     p_ids = np.array([id(pm) for pm in prefill_models], object)
     d_ids = np.array([id(pm) for pm in decode_models], object)
-    out = pd.DataFrame({"mode": "disaggregated", "plan": p_labels[ip], "decode_plan": d_labels[id_],
+    out = pd.DataFrame({"mode": "disaggregated", "plan": p_labels[pi], "decode_plan": d_labels[di],
                         "replicas": 0, "threshold": 0, "interval": 1, **r, "hit_rate": hit,
-                        "_model": p_ids[ip], "_decode_model": d_ids[id_]})
+                        "_model": p_ids[pi], "_decode_model": d_ids[di]})
     out["concurrency"] = np.round(out["concurrency"]).astype(int)
     return out
 
