@@ -47,6 +47,7 @@ from model.search import (
     best_under_slo,
     evaluate_aggregated,
     evaluate_disaggregated,
+    meets_slo,
     pareto_front,
     step_grid,
     traffic_from_workload,
@@ -314,7 +315,8 @@ def _cache_terms(pm: _PlanModel, arch, hw, kv_dtype, workload, sessions, cache: 
 def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int, concurrency,
                       thresholds, intervals, kv_bytes_per_token: float,
                       max_num_batched_tokens: int = 8192, cache_inputs=None,
-                      slo: float | None = None, refine: int = 8) -> pd.DataFrame:
+                      slo: float | None = None, refine: int = 8,
+                      slo_ttft: float | None = None) -> pd.DataFrame:
     """Every (plan, threshold, interval, concurrency) of aggregated replicas, in one array pass.
     `cache_inputs` = (arch, kv_dtype, workload, CacheSetup): hit rates answer to each plan's tier
     capacities and the policy (model.search_cache); None keeps the infinite-cache hit rate.
@@ -339,14 +341,11 @@ def search_aggregated(models: list[_PlanModel], hw, traffic: Traffic, gpus: int,
     frame = _aggregated_frame(*args, combo[which], np.tile(conc, len(combo)))
     if slo is None:
         return frame
-    idx, fine = slo_edge_concurrencies(conc, _meets(frame, slo), refine)
+    idx, fine = slo_edge_concurrencies(conc, meets_slo(frame, slo, slo_ttft).to_numpy(),
+                                       refine)
     if not len(idx):
         return frame
     return pd.concat([frame, _aggregated_frame(*args, combo[idx], fine)], ignore_index=True)
-
-
-def _meets(frame: pd.DataFrame, slo: float) -> np.ndarray:
-    return (frame["feasible"] & (frame["p90_interactivity_tok_s"] >= slo)).to_numpy()
 
 
 def slo_edge_concurrencies(conc: np.ndarray, ok: np.ndarray, refine: int
@@ -413,8 +412,8 @@ def _aggregated_frame(usable, table, hw, traffic: Traffic, gpus: int, kv_bytes_p
 def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: int,
                          kv_bytes_per_token: float, link_bytes_per_s: float, chunk: int,
                          slo: float, concurrency, cache_inputs=None, prefill_hw=None,
-                         max_num_seqs: int = 256, refine: int = 8
-                         ) -> tuple[pd.DataFrame, pd.DataFrame]:
+                         max_num_seqs: int = 256, refine: int = 8,
+                         slo_ttft: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stage 1: saturation of every prefill-only and decode-only plan. Stage 2: every xPyD ratio
     of every plan pair that fills the budget, at each client concurrency (closed loop,
     `evaluate_disaggregated`), refined at each combo's SLO edge as in the aggregated search.
@@ -467,7 +466,7 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
             kv_bytes_per_token, link_bytes_per_s, cache_inputs, prefill_hw)
     frame = _disaggregated_frame(*args, np.repeat(np.arange(len(combo)), len(conc)),
                                  np.tile(conc, len(combo)))
-    idx, fine = slo_edge_concurrencies(conc, _meets(frame, slo), refine)
+    idx, fine = slo_edge_concurrencies(conc, meets_slo(frame, slo, slo_ttft).to_numpy(), refine)
     if len(idx):
         frame = pd.concat([frame, _disaggregated_frame(*args, idx, fine)], ignore_index=True)
     return frame, pd.DataFrame(sat_rows)
@@ -518,10 +517,10 @@ def _bottleneck(pm: _PlanModel, row: pd.Series, traffic: Traffic) -> str:
         return "unknown"
 
 
-def _runner_up(cands: pd.DataFrame, best: pd.Series, slo: float) -> str:
+def _runner_up(cands: pd.DataFrame, best: pd.Series, slo: float,
+               slo_ttft: float | None = None) -> str:
     """The best candidate meeting the SLO in the other mode, for the 'why it wins' line."""
-    other = cands[(cands["mode"] != best["mode"]) & cands["feasible"]
-                  & (cands["p90_interactivity_tok_s"] >= slo)]
+    other = cands[(cands["mode"] != best["mode"]) & meets_slo(cands, slo, slo_ttft)]
     if other.empty:
         return ""
     o = other.loc[other["tpgs"].idxmax()]
@@ -530,14 +529,15 @@ def _runner_up(cands: pd.DataFrame, best: pd.Series, slo: float) -> str:
             f"(the chosen deployment serves {best['tpgs'] / o['tpgs']:.2f}x more)")
 
 
-def _why(row: pd.Series, bottleneck: str, slo: float) -> str:
+def _why(row: pd.Series, bottleneck: str, slo: float, slo_ttft: float | None = None) -> str:
     limit = {"lanes": "client concurrency (every lane is served; more lanes break the SLO)",
              "kv_capacity": "KV capacity (the decoding batch's contexts fill the HBM pool)",
              "prefill_budget": "the per-step token budget (prefill-bound)",
              "prefill_rate": "prefill workers' saturation rate",
              "decode_rate": "decode workers' saturation rate at the SLO"}.get(
         str(row.get("limit", "")), str(row.get("limit", "")))
-    return (f"highest TPGS among candidates with P90 interactivity >= {slo:g} tok/s; "
+    ttft = f" and P90 TTFT <= {slo_ttft:g} s" if slo_ttft is not None else ""
+    return (f"highest TPGS among candidates with P90 interactivity >= {slo:g} tok/s{ttft}; "
             f"rate limited by {limit}; step bottleneck: {bottleneck}")
 
 
@@ -550,9 +550,12 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
          spec_tokens: int | None = None, acceptance_length: float | None = None,
          spec_method: str | None = None,
          cache_policy: str = "lru", cache_tiers=DEFAULT_TIERS, finite_cache: bool = True,
-         recipe: bool = True, verify: bool = False) -> PlanResult:
+         recipe: bool = True, verify: bool = False,
+         slo_p90_ttft_s: float | None = None) -> PlanResult:
     """Search deployments of `arch` on `gpus` x `hardware` for `workload`; the best under the SLO.
 
+    `slo_p90_ttft_s`: also require P90 TTFT at most this (the post's SLO is interactivity alone,
+    which lets a search fill a prefill pool and hold the extra lanes in its queue);
     `long_prefill_token_threshold`: fix the threshold (else searched over THRESHOLDS);
     `prefill_hardware`: a different chip for disaggregated prefill workers;
     `spec_tokens` / `acceptance_length` / `spec_method`: speculative decoding (draft tokens per
@@ -575,6 +578,9 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     spec = spec_setting(spec_tokens, acceptance_length, spec_method)
     if gpus < 1:
         raise ServecastError(f"gpus={gpus}: must be >= 1")
+    if slo_p90_ttft_s is not None and not slo_p90_ttft_s > 0:
+        raise ServecastError(f"slo_p90_ttft_s={slo_p90_ttft_s!r}: must be a positive number of "
+                             "seconds")
     for m in modes:
         if m not in MODES:
             raise ServecastError(f"mode {m!r}: allowed {', '.join(MODES)}")
@@ -603,7 +609,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
         models_by_id.update({id(m): m for m in agg_models})
         frames.append(search_aggregated(agg_models, hw, traffic, gpus, concurrency, thresholds,
                                         INTERVALS, kv_per_token, max_num_batched_tokens,
-                                        cache_inputs, slo=slo_p90_interactivity))
+                                        cache_inputs, slo=slo_p90_interactivity,
+                                        slo_ttft=slo_p90_ttft_s))
     if "disaggregated" in modes and gpus >= 2:
         phw = hw if prefill_hardware is None else _load(a, prefill_hardware, w)[1]
         sizes = _sizes(gpus - 1, False)
@@ -616,7 +623,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
                    float(hw.scale_out_bandwidth_bytes_per_s))
         d_frame, sat = search_disaggregated(p_models, d_models, traffic, gpus, kv_per_token, link,
                                             chunk, slo_p90_interactivity, concurrency,
-                                            cache_inputs, phw)
+                                            cache_inputs, phw, slo_ttft=slo_p90_ttft_s)
         frames.append(d_frame)
     frames = [f for f in frames if not f.empty]
     if not frames:
@@ -639,7 +646,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     front = pareto_front(feasible[["mode", "plan", "decode_plan", "replicas", "x", "y",
                                    "concurrency", "threshold", "interval", "tpgs",
                                    "p90_interactivity_tok_s", "p90_ttft_s", "limit", "gpus"]])
-    best = best_under_slo(cands, slo_p90_interactivity)
+    best = best_under_slo(cands, slo_p90_interactivity, slo_p90_ttft_s)
     deployment = _deployment(best, models_by_id, a.name, max_num_batched_tokens,
                              prefill_hardware or _hw_name(hw))
     shares = gpu_time_shares(best, models_by_id, traffic)
@@ -655,8 +662,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     return PlanResult(serving_check=check, best=best, deployment=deployment, candidates=cands, pareto=front,
                       saturation=sat, cost=cost, launch_commands=launch_commands(deployment),
                       bottleneck=bottleneck,
-                      why=_why(best, bottleneck, slo_p90_interactivity)
-                      + _runner_up(cands, best, slo_p90_interactivity),
+                      why=_why(best, bottleneck, slo_p90_interactivity, slo_p90_ttft_s)
+                      + _runner_up(cands, best, slo_p90_interactivity, slo_p90_ttft_s),
                       traffic=traffic,
                       assumptions=_assumptions(traffic, cost)
                       + _deployment_assumptions(a.name if recipe else "", precision, kv_dtype,

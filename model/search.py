@@ -404,12 +404,27 @@ def pareto_front(df: pd.DataFrame, x: str = "p90_interactivity_tok_s", y: str = 
     return d[keep].sort_values(x).reset_index(drop=True)
 
 
-def best_under_slo(df: pd.DataFrame, slo_p90_interactivity: float) -> pd.Series:
-    ok = df[(df["p90_interactivity_tok_s"] >= slo_p90_interactivity) & df["feasible"]]
+def meets_slo(df: pd.DataFrame, slo_p90_interactivity: float,
+              slo_p90_ttft_s: float | None = None) -> pd.Series:
+    """Feasible candidates meeting the P90 interactivity floor (and the P90 TTFT ceiling)."""
+    ok = df["feasible"] & (df["p90_interactivity_tok_s"] >= slo_p90_interactivity)
+    return ok & (df["p90_ttft_s"] <= slo_p90_ttft_s) if slo_p90_ttft_s is not None else ok
+
+
+def best_under_slo(df: pd.DataFrame, slo_p90_interactivity: float,
+                   slo_p90_ttft_s: float | None = None) -> pd.Series:
+    ok = df[meets_slo(df, slo_p90_interactivity, slo_p90_ttft_s)]
     if ok.empty:
         from model.errors import Infeasible
 
         best = df["p90_interactivity_tok_s"].max() if len(df) else float("nan")
+        if slo_p90_ttft_s is not None and len(df) and (
+                df["feasible"] & (df["p90_interactivity_tok_s"] >= slo_p90_interactivity)).any():
+            fastest = df.loc[df["feasible"] & (df["p90_interactivity_tok_s"]
+                                               >= slo_p90_interactivity), "p90_ttft_s"].min()
+            raise Infeasible(f"no candidate meeting P90 interactivity {slo_p90_interactivity:g} "
+                             f"tok/s has P90 TTFT <= {slo_p90_ttft_s:g} s (best {fastest:.2f} s); "
+                             "raise --slo-p90-ttft or add GPUs")
         raise Infeasible(f"no candidate reaches P90 interactivity {slo_p90_interactivity:g} tok/s "
                          f"(best {best:.1f} tok/s); lower --slo-p90-interactivity or add GPUs")
     return ok.sort_values(["tpgs", "p90_interactivity_tok_s"], ascending=False).iloc[0]

@@ -187,3 +187,31 @@ def test_fixed_concurrency_holds_in_both_modes():
     assert len(both) and (both["rate_rps_48"] >= both["rate_rps"] * (1 - 1e-9)).all()
     lanes = both[both["limit"] == "lanes"]
     assert len(lanes) and (lanes["rate_rps_48"] > 1.01 * lanes["rate_rps"]).all()
+
+
+def test_ttft_slo_caps_the_chosen_deployment(small):
+    # --slo-p90-ttft: the best candidate meeting both SLOs; tightening the TTFT ceiling to just
+    # under the unconstrained best's P90 TTFT must move the choice and cannot raise TPGS.
+    free = small.best
+    cap = 0.9 * float(free["p90_ttft_s"])
+    r = plan(**SMALL, slo_p90_ttft_s=cap)
+    assert r.best["p90_ttft_s"] <= cap
+    assert r.best["p90_interactivity_tok_s"] >= SMALL["slo_p90_interactivity"]
+    assert r.best["tpgs"] <= free["tpgs"]
+    c = r.candidates
+    ok = c[c.feasible & (c.p90_interactivity_tok_s >= SMALL["slo_p90_interactivity"])
+           & (c.p90_ttft_s <= cap)]
+    assert r.best["tpgs"] == pytest.approx(ok["tpgs"].max())
+    assert "P90 TTFT <= " in r.why
+
+
+def test_cli_ttft_slo_errors(capsys):
+    assert main(["plan", "--arch", "qwen3-32b", "--hardware", "h100-sxm", "--gpus", "2",
+                 "--slo-p90-ttft", "-1", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "slo_p90_ttft_s" in err[0]
+    # a ceiling nothing meets names the fastest P90 TTFT that does meet the interactivity floor
+    assert main(["plan", "--arch", "qwen3-32b", "--hardware", "h100-sxm", "--gpus", "2",
+                 "--slo-p90-interactivity", "20", "--slo-p90-ttft", "1e-6", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "P90 TTFT <= 1e-06 s" in err[0] and "--slo-p90-ttft" in err[0]

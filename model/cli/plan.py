@@ -21,6 +21,8 @@ def register(app: typer.Typer) -> None:
         slo_p90_interactivity: float = typer.Option(
             DEFAULT_SCENARIO["slo_p90_interactivity"], "--slo-p90-interactivity",
             help="Minimum P90 interactivity, tokens/s per user."),
+        slo_p90_ttft: float | None = typer.Option(
+            None, "--slo-p90-ttft", help="Also require P90 TTFT at most this many seconds."),
         long_prefill_token_threshold: int | None = typer.Option(
             None, "--long-prefill-token-threshold",
             help="Fix vLLM's per-request prefill cap (0 = off); searched when omitted."),
@@ -61,7 +63,8 @@ def register(app: typer.Typer) -> None:
                       precision=precision, kv_dtype=kv_dtype, api_model=api_model,
                       cost_basis=cost_basis, cache_policy=cache_policy,
                       cache_tiers=tuple(t.strip() for t in cache_tiers.split(",") if t.strip()),
-                      concurrency=_concurrencies(concurrency), verify=verify)
+                      concurrency=_concurrencies(concurrency), verify=verify,
+                      slo_p90_ttft_s=slo_p90_ttft)
         out = result.contract()
         if pareto:
             out["pareto"] = result.pareto.to_dict(orient="records")
