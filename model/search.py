@@ -60,6 +60,31 @@ class Traffic:
         means = np.array([np.ceil(self.uncached_sample / v).mean() for v in values])
         return means[inverse].reshape(cap.shape)
 
+    def chunks_squared(self, cap) -> np.ndarray:
+        """E[ceil(U / cap)^2]: the second moment of a request's prefill steps."""
+        cap = np.asarray(cap, float)
+        values, inverse = np.unique(cap, return_inverse=True)
+        means = np.array([(np.ceil(self.uncached_sample / v) ** 2).mean() for v in values])
+        return means[inverse].reshape(cap.shape)
+
+    def residual_chunks(self, cap, tail) -> np.ndarray:
+        """tau with P(R > tau) = tail, R the residual prefill steps of the prompt in service
+        found by a random arrival (length-biased: P(R > tau) = E[(C - tau)+] / E[C], C =
+        ceil(U / cap)); 0 where tail >= 1."""
+        cap, tail = np.broadcast_arrays(np.asarray(cap, float), np.asarray(tail, float))
+        out = np.zeros(cap.shape)
+        for v in np.unique(cap):
+            c = np.sort(np.ceil(self.uncached_sample / v))
+            taus = np.concatenate([[0.0], np.unique(c)])
+            # E[(C - tau)+] at each tau, by the sorted sample's suffix sums
+            idx = np.searchsorted(c, taus, side="right")
+            suffix = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])
+            surv = (suffix[idx] - taus * (len(c) - idx)) / c.sum()
+            sel = cap == v
+            # surv falls from 1 to 0 as tau grows: interpolate tau at the tail probability
+            out[sel] = np.interp(-np.minimum(tail[sel], 1.0), -surv, taus)
+        return out
+
     def chunk_size(self, cap) -> np.ndarray:
         """Mean tokens in one prefill chunk under a per-step cap."""
         return self.uncached_mean / self.chunks(cap)
@@ -295,13 +320,41 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
     c90 = np.minimum(cap, u_p90)
     t_chunk_p90 = np.maximum(table.busiest(c90, c90 + p_step * (1 - 1 / dp), b_mb, dp, which),
                              t)
-    ttft_p90 = _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval) + reload + queue
+    wait, wait_p90 = _fcfs_prefill_wait(traffic, cap, miss, thr, r / dp, t_chunk, t_quiet, pp,
+                                        interval)
+    # P90 of own prefill + wait: the larger of (P90 own, mean wait) and (mean own, P90 wait)
+    own_p90 = _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval)
+    ttft_p90 = np.maximum(own_p90 + wait, ttft0 - reload + wait_p90) + reload + queue
     b_total = r * o_step * t
     feasible = (b_total / dp <= max_num_seqs * (1 + 1e-9)) & (b_kv >= 1.0)
     return {"rate_rps": r, "tokens_per_s": r * replicas * (s + o),
             "p90_interactivity_tok_s": tps / tpot_p90, "p90_ttft_s": ttft_p90,
-            "mean_ttft_s": ttft0 + queue, "decode_batch": b_total, "step_time_s": t,
+            "mean_ttft_s": ttft0 + queue + wait, "decode_batch": b_total, "step_time_s": t,
             "limit": limit, "feasible": feasible}
+
+
+def _fcfs_prefill_wait(traffic: Traffic, cap, miss, thr, rate_per_rank, t_chunk, t_quiet, pp,
+                       interval):
+    """(mean, P90) wait of a prompt behind the prefills queued before it on its DP rank, with the
+    threshold off (FCFS: one prompt holds the budget until its last chunk; theory.md §1.1
+    head-of-line blocking). M/G/1 on the rank's prefill server, service = the prompt's chunks
+    at t_chunk / pp each plus interval - 1 decode steps between them: Pollaczek-Khinchine mean
+    W = lam E[S^2] / (2 (1 - rho)); P90 = the residual service P(R > t) = 0.1 / rho.
+    With a threshold prompts share the budget instead (no queue), so both are 0."""
+    per_chunk = t_chunk / pp + (interval - 1.0) * t_quiet
+    extra = miss / cap  # recomputed misses lengthen every prompt's prefill by this many chunks
+    c1 = traffic.chunks(cap) + extra
+    c2 = traffic.chunks_squared(cap) + 2.0 * traffic.chunks(cap) * extra + extra**2
+    rho = np.minimum(rate_per_rank * c1 * per_chunk, 0.99)
+    wait = rate_per_rank * c2 * per_chunk**2 / (2.0 * (1.0 - rho))
+    # P90: the arrival finds the server busy with probability rho and waits out the residual
+    # of the prompt in service (cold prefills are rare but long, so the P90 wait sits far below
+    # what an exponential law with the P-K mean would give)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tail = np.where(rho > 0.1, 0.1 / rho, 1.0)
+    p90 = traffic.residual_chunks(cap, tail) * per_chunk
+    fcfs = np.asarray(thr) <= 0
+    return np.where(fcfs, wait, 0.0), np.where(fcfs, p90, 0.0)
 
 
 def _secant_step(t, t_new, t_prev, g_prev):

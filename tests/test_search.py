@@ -195,3 +195,21 @@ def test_finite_cache_misses_and_lower_tier_reloads():
     assert fin["mean_ttft_s"][0] == pytest.approx(8 * 0.02 + 500e-6, rel=0.02)
     assert fin["rate_rps"][0] == pytest.approx(10 / (0.16 + 0.0005 + 8 + 10), rel=1e-3)
     assert fin["tokens_per_s"][0] < inf["tokens_per_s"][0]
+
+
+def test_fcfs_prefill_wait_is_the_residual_of_the_prompt_in_service():
+    # Threshold off, one rank, 0.1 s per chunk; prompts of 1 and 3 chunks (1000 / 3000 tokens at
+    # a 1000-token cap), 1 prompt/s: rho = 1 x 2 x 0.1 = 0.2. Pollaczek-Khinchine mean wait
+    # lam E[S^2] / (2 (1 - rho)) = 1 x 5 x 0.01 / 1.6 = 31.25 ms. P90: P(busy) = 0.2, so the
+    # arrival's residual exceeds t with probability 0.5: length-biased residual chunks
+    # P(R > tau) = E[(C - tau)+] / E[C] = ((1 - tau)+ + (3 - tau)) / 4 = 0.5 at tau = 1.0.
+    from model.search import _fcfs_prefill_wait
+
+    tr = _traffic()
+    wait, p90 = _fcfs_prefill_wait(tr, np.array([1000.0]), 0.0, np.array([0]), 1.0, 0.1, 0.1,
+                                   1, 1)
+    assert wait[0] == pytest.approx(1 * 5 * 0.01 / 1.6)
+    assert p90[0] == pytest.approx(1.0 * 0.1)
+    # a threshold shares the budget: no FCFS queue
+    assert _fcfs_prefill_wait(tr, np.array([512.0]), 0.0, np.array([512]), 1.0, 0.1, 0.1, 1,
+                              1)[0][0] == 0.0
