@@ -195,10 +195,10 @@ def system_rate_rps(x, y, prefill_rps, decode_rps):
 
 def mdl_wait_s(service_s, utilization):
     """M/D/1 mean queueing wait (theory.md §6, T18): rho*S / (2(1-rho)); inf at rho >= 1."""
-    rho = np.asarray(utilization, float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        wait = rho * np.asarray(service_s, float) / (2.0 * (1.0 - rho))
-    return np.where(rho < 1.0, wait, np.inf)
+    from model.queueing import pk_wait_s
+
+    s = np.asarray(service_s, float)
+    return pk_wait_s(np.asarray(utilization, float) / s, s, s * s)
 
 
 def xpyd_rates(x, y, prefill_rps: float, prefill_gpus: int, decode_rps: float,

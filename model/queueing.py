@@ -15,6 +15,18 @@ def kingman_wait_s(rho: float, mean_service_s: float, cs2: float, ca2: float = 1
     return (ca2 + cs2) / 2.0 * rho / (1.0 - rho) * mean_service_s
 
 
+def pk_wait_s(rate, service_mean, service_sq_mean, max_utilization: float = 1.0):
+    """Pollaczek-Khinchine mean wait of M/G/1 queues (vectorized), lam E[S^2] / (2 (1 - rho));
+    infinite at rho >= 1, unless `max_utilization` < 1 clips rho there."""
+    rate = np.asarray(rate, float)
+    rho = rate * service_mean
+    if max_utilization < 1.0:
+        rho = np.minimum(rho, max_utilization)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wait = rate * service_sq_mean / (2.0 * (1.0 - rho))
+    return np.where(rho < 1.0, wait, np.inf)
+
+
 def window_overlap_sq(k, w):
     """∫ overlap(x)² dx of a run of k consecutive steps sliding past a window of w steps
     (Campbell's second moment of a rectangular shot): m²M - m³/3 with m = min, M = max."""

@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from model.disagg import kv_transfer_time_s, mdl_wait_s, prefill_saturation_rps
+from model.disagg import kv_transfer_time_s, prefill_saturation_rps
 from model.errors import ServecastError
+from model.queueing import pk_wait_s
 
 Z90 = 1.2816  # standard normal 90th percentile
 AGENTX_IDLE_CAP_S = 300.0  # InferenceX per-trajectory idle cap (workloads.md §1.5)
+QUANTILE_SAMPLE = 4096  # order statistics of the request mix kept for the FCFS P90
 POISSON_MAX = 16  # chunks per rank per step considered (tail mass folded into the last bin)
 _LOG_FACTORIAL = np.cumsum(np.log(np.maximum(np.arange(64), 1)))
 
@@ -67,22 +69,42 @@ class Traffic:
         means = np.array([(np.ceil(self.uncached_sample / v) ** 2).mean() for v in values])
         return means[inverse].reshape(cap.shape)
 
-    def residual_chunks(self, cap, tail) -> np.ndarray:
-        """tau with P(R > tau) = tail, R the residual prefill steps of the prompt in service
-        found by a random arrival (length-biased: P(R > tau) = E[(C - tau)+] / E[C], C =
-        ceil(U / cap)); 0 where tail >= 1."""
-        cap, tail = np.broadcast_arrays(np.asarray(cap, float), np.asarray(tail, float))
+    def fcfs_p90_chunks(self, cap, utilization, extra=0.0, iterations: int = 26) -> np.ndarray:
+        """P90 of a prompt's prefill steps including its FCFS wait, in steps: with probability
+        1 - rho the server is free and it takes its own C = ceil(U / cap) + extra steps; with
+        probability rho it first waits out the residual R of the prompt in service (length-
+        biased: P(R > r) = E[(C - r)+] / E[C]) and then takes its mean E[C]. Cold prefills are
+        rare but long, so this P90 sits far below the Pollaczek-Khinchine mean wait added to the
+        P90 own time. Solves (1 - rho) P(C > t) + rho P(R > t - E[C]) = 0.1 by bisection."""
+        cap, rho, extra = np.broadcast_arrays(*(np.asarray(a, float)
+                                                for a in (cap, utilization, extra)))
         out = np.zeros(cap.shape)
         for v in np.unique(cap):
-            c = np.sort(np.ceil(self.uncached_sample / v))
-            taus = np.concatenate([[0.0], np.unique(c)])
-            # E[(C - tau)+] at each tau, by the sorted sample's suffix sums
-            idx = np.searchsorted(c, taus, side="right")
-            suffix = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])
-            surv = (suffix[idx] - taus * (len(c) - idx)) / c.sum()
             sel = cap == v
-            # surv falls from 1 to 0 as tau grows: interpolate tau at the tail probability
-            out[sel] = np.interp(-np.minimum(tail[sel], 1.0), -surv, taus)
+            c = np.sort(np.ceil(self.uncached_sample / v))
+            if len(c) > QUANTILE_SAMPLE:  # equally spaced order statistics: ample for a P90
+                c = c[np.linspace(0, len(c) - 1, QUANTILE_SAMPLE).astype(int)]
+            grid = np.concatenate([[0.0], np.unique(c)])
+            # E[(c - a)+] is piecewise linear between the sample's values: exact by interp
+            idx = np.searchsorted(c, grid, side="right")
+            suffix = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])
+            excess = (suffix[idx] - grid * (len(c) - idx)) / len(c)  # E[(c - a)+] at grid
+            mean, e, r = float(c.mean()), extra[sel], rho[sel]
+
+            def tail(t, mean=mean, e=e, r=r, c=c, grid=grid, excess=excess):
+                a = t - e  # C > t  <=>  c > t - e
+                own = 1.0 - np.searchsorted(c, a, side="right") / len(c)
+                b = t - (mean + e) - e  # R > t - E[C]  <=>  residual excess at (t - E[C]) - e
+                g = np.where(b < 0.0, mean - b, np.interp(b, grid, excess, right=0.0))
+                res = np.minimum(g / (mean + e), 1.0)
+                return (1.0 - r) * own + r * res
+
+            lo, hi = np.zeros(len(e)), np.full(len(e), 2.0 * (float(c[-1]) + e.max()) + 1.0)
+            for _ in range(iterations):
+                mid = 0.5 * (lo + hi)
+                over = tail(mid) > 0.1
+                lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
+            out[sel] = hi
         return out
 
     def chunk_size(self, cap) -> np.ndarray:
@@ -320,11 +342,10 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
     c90 = np.minimum(cap, u_p90)
     t_chunk_p90 = np.maximum(table.busiest(c90, c90 + p_step * (1 - 1 / dp), b_mb, dp, which),
                              t)
-    wait, wait_p90 = _fcfs_prefill_wait(traffic, cap, miss, thr, r / dp, t_chunk, t_quiet, pp,
-                                        interval)
-    # P90 of own prefill + wait: the larger of (P90 own, mean wait) and (mean own, P90 wait)
-    own_p90 = _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval)
-    ttft_p90 = np.maximum(own_p90 + wait, ttft0 - reload + wait_p90) + reload + queue
+    wait, fcfs_p90 = _fcfs_prefill(traffic, cap, miss, thr, r / dp, t_chunk, t_chunk_p90,
+                                   t_quiet, pp, interval)
+    ttft_p90 = np.where(np.asarray(thr) <= 0, fcfs_p90,
+                        _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval)) + reload + queue
     b_total = r * o_step * t
     feasible = (b_total / dp <= max_num_seqs * (1 + 1e-9)) & (b_kv >= 1.0)
     return {"rate_rps": r, "tokens_per_s": r * replicas * (s + o),
@@ -333,28 +354,27 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
             "limit": limit, "feasible": feasible}
 
 
-def _fcfs_prefill_wait(traffic: Traffic, cap, miss, thr, rate_per_rank, t_chunk, t_quiet, pp,
-                       interval):
-    """(mean, P90) wait of a prompt behind the prefills queued before it on its DP rank, with the
+def _fcfs_prefill(traffic: Traffic, cap, miss, thr, rate_per_rank, t_chunk, t_chunk_p90,
+                  t_quiet, pp, interval):
+    """(mean wait, P90 TTFT before reload and queue) of a prompt on its DP rank with the
     threshold off (FCFS: one prompt holds the budget until its last chunk; theory.md §1.1
     head-of-line blocking). M/G/1 on the rank's prefill server, service = the prompt's chunks
     at t_chunk / pp each plus interval - 1 decode steps between them: Pollaczek-Khinchine mean
-    W = lam E[S^2] / (2 (1 - rho)); P90 = the residual service P(R > t) = 0.1 / rho.
-    With a threshold prompts share the budget instead (no queue), so both are 0."""
+    wait; the P90 from `Traffic.fcfs_p90_chunks` at full-chunk times (the prompts that set it
+    are the cold ones). With a threshold prompts share the budget instead: no wait."""
     per_chunk = t_chunk / pp + (interval - 1.0) * t_quiet
     extra = miss / cap  # recomputed misses lengthen every prompt's prefill by this many chunks
     c1 = traffic.chunks(cap) + extra
     c2 = traffic.chunks_squared(cap) + 2.0 * traffic.chunks(cap) * extra + extra**2
     rho = np.minimum(rate_per_rank * c1 * per_chunk, 0.99)
-    wait = rate_per_rank * c2 * per_chunk**2 / (2.0 * (1.0 - rho))
-    # P90: the arrival finds the server busy with probability rho and waits out the residual
-    # of the prompt in service (cold prefills are rare but long, so the P90 wait sits far below
-    # what an exponential law with the P-K mean would give)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tail = np.where(rho > 0.1, 0.1 / rho, 1.0)
-    p90 = traffic.residual_chunks(cap, tail) * per_chunk
-    fcfs = np.asarray(thr) <= 0
-    return np.where(fcfs, wait, 0.0), np.where(fcfs, p90, 0.0)
+    wait = pk_wait_s(rate_per_rank, c1 * per_chunk, c2 * per_chunk**2, 0.99)
+    fcfs = np.broadcast_to(np.asarray(thr) <= 0, np.shape(wait))
+    steps = np.zeros(np.shape(wait))
+    if fcfs.any():
+        cap_, rho_, extra_ = (np.broadcast_to(a, fcfs.shape)[fcfs] for a in (cap, rho, extra))
+        steps[fcfs] = traffic.fcfs_p90_chunks(cap_, rho_, extra_)
+    p90 = steps * (t_chunk_p90 / pp + (interval - 1.0) * t_quiet) + (pp - 1.0) * t_chunk_p90 / pp
+    return np.where(fcfs, wait, 0.0), p90
 
 
 def _secant_step(t, t_new, t_prev, g_prev):
@@ -408,13 +428,15 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     thr_p = chunk / t_p  # prefill tokens/s per instance
     lam_p = prefill_saturation_rps(t_p, chunk, u)
     service = u / thr_p
+    # service U / thr_p varies with the prompt: second moment over the request mix (cap 1 token)
+    u_sq = traffic.chunks_squared(1.0) + 2.0 * traffic.uncached_mean * miss + miss**2
     hand_mean = kv_transfer_time_s(u, kv_bytes_per_token, link_bytes_per_s, senders)
     fixed = service + hand_mean + lower + z  # cycle time outside the queue and the decode
 
     def state(b):
         step = decode_table(0.0, b, which)
         r = y * b * tps / (o * step)
-        wait = mdl_wait_s(service, r / (x * lam_p))
+        wait = pk_wait_s(r / x, service, u_sq / thr_p**2)
         return step, r, wait, r * (fixed + wait + o / tps * step)
 
     lo = np.full(conc.shape, np.log(1e-3))
@@ -430,8 +452,10 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
                                         - (fixed + wait + o / tps * step), 0.0), 0.0)
     hand_p90 = kv_transfer_time_s(traffic.uncached_p90 + miss, kv_bytes_per_token,
                                   link_bytes_per_s, senders)
-    ttft_p90 = (traffic.uncached_p90 + miss) / thr_p + wait + hand_p90 + lower + queue
     rho = rate / (x * lam_p)
+    # own prefill + FCFS wait at the P90 (token-sized steps: cap 1)
+    ttft_p90 = traffic.fcfs_p90_chunks(1.0, np.minimum(rho, 0.999), miss) / thr_p + hand_p90 \
+        + lower + queue
     gpus = x * g_p + y * g_d
     limit = np.where(at_cap, "decode_rate", np.where(rho > 0.95, "prefill_rate", "lanes"))
     out = {"x": x.astype(int), "y": y.astype(int), "decode_batch": b, "decode_batch_cap": b_cap,

@@ -153,19 +153,19 @@ def test_search_agrees_with_the_serving_model():
     # the same replica (step model, policy, sessions, cache model). Measured on qwen3-32b, 2 H100,
     # AgentX, at the search's pick of 7 lanes (near the knee): TPGS 6,852 vs 6,217 (+10.2%),
     # hit 0.937 vs 0.936, P90 interactivity 22.7 vs 25.6 tok/s (the search charges a whole
-    # prefill chunk to the slowest decodes, so it is the conservative one), P90 TTFT 5.0 vs
-    # 10.2 s (the search's FCFS wait is the residual of one prompt in service, not the queue
-    # behind it; before it had none, 2.7 s). MiniMax M3 on 2 B300 at 52 lanes: 59.4K vs 56.8K
+    # prefill chunk to the slowest decodes, so it is the conservative one), P90 TTFT 8.2 vs
+    # 10.2 s (the search's FCFS term mixes a free server with the residual of the prompt in
+    # service; before it had no wait, 2.7 s). MiniMax M3 on 2 B300 at 52 lanes: 59.4K vs 56.8K
     # (+4.6%), 51.5 vs 50.5 tok/s; AgentX v1 rows (2026-12-02), P90 TTFT search / serve: DSV4
-    # 1.95 / 2.38 s, MiniMax 2.13 / 2.38 s, Kimi 3.04 / 4.76 s. Bounds: TPGS within 12%, P90
-    # interactivity at most 35% lower, P90 TTFT within a factor 2.5 below and 20% above.
+    # 2.92 / 2.38 s, MiniMax 2.63 / 2.38 s, Kimi 5.04 / 4.76 s. Bounds: TPGS within 12%, P90
+    # interactivity at most 35% lower, P90 TTFT within 35%.
     r = plan(**SMALL, verify=True)
     c = r.serving_check
     assert c is not None and c["stable"]
     assert abs(c["tpgs_rel_diff"]) < 0.12
     ratio = c["search"]["p90_interactivity_tok_s"] / c["serving"]["p90_interactivity_tok_s"]
     assert 0.65 < ratio <= 1.05
-    assert 0.4 < c["search"]["p90_ttft_s"] / c["serving"]["p90_ttft_s"] < 1.2
+    assert c["search"]["p90_ttft_s"] == pytest.approx(c["serving"]["p90_ttft_s"], rel=0.35)
     assert c["serving"]["hit_rate"] == pytest.approx(c["search"]["hit_rate"], abs=0.02)
 
 

@@ -12,8 +12,8 @@ What the model says about each row (the issue asks for 25%; the closing note giv
   pool for a handful of v1.0's long contexts decoding at once (the limit), while the post serves
   24 sessions at 74 tok/s.
 - Kimi K3 on 16 GB300, 11.8K at 48 sessions: the best aggregated deployment uses DCP, as the post
-  says, at about the post's concurrency and ~1.3x its TPGS; the disaggregated search fills a
-  prefill pool (the SLO leaves TTFT free) and over-predicts ~2.2x.
+  says, at about the post's concurrency and ~1.3x its TPGS; the disaggregated search holds
+  more lanes in a prefill queue (the SLO leaves TTFT free) and over-predicts ~1.8x.
 """
 
 import pytest

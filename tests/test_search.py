@@ -132,19 +132,22 @@ def test_threshold_raises_p90_interactivity_under_long_prefills():
 
 def test_disaggregated_closed_loop_at_a_given_concurrency():
     # Prefill instance (2 GPUs): 8192-token chunks in 0.5 s -> 16,384 tok/s, 8.192 rps at 2,000
-    # uncached tokens. Decode instance (4 GPUs): 25 ms steps whatever the batch. A lane's cycle
-    # (Little's law, N = r * cycle): M/D/1 wait at rho = r / 8.192 (theory.md §6, T18) + 2,000 /
-    # 16,384 s of prefill + the KV hand-off (2,000 x 50 KB over 50 GB/s + 32 descriptors x 2 us)
-    # + 400 decode steps x 25 ms + the 10 s gap.
+    # uncached tokens (half 1,000, half 3,000). Decode instance (4 GPUs): 25 ms steps whatever
+    # the batch. A lane's cycle (Little's law, N = r * cycle): Pollaczek-Khinchine wait in the
+    # prefill queue, r E[S^2] / (2 (1 - rho)) with E[S^2] = E[U^2] / 16,384^2 = 5e6 / 16,384^2
+    # (theory.md §6) + 2,000 / 16,384 s of prefill + the KV hand-off (2,000 x 50 KB over 50 GB/s
+    # + 32 descriptors x 2 us) + 400 decode steps x 25 ms + the 10 s gap.
     from scipy.optimize import brentq
 
     tr = _traffic()
     table = StepTable(ConstantStep(0.025), tr.context_mean, 8192, 8192, 1024)
     service, hand = 2000 / 16_384, 2000 * 50_000 / 50e9 + 32 * 2e-6
 
+    def wait(r):
+        return r * 5e6 / 16_384**2 / (2 * (1 - r / 8.192))
+
     def cycle(r):
-        rho = r / 8.192
-        return rho * service / (2 * (1 - rho)) + service + hand + 400 * 0.025 + 10.0
+        return wait(r) + service + hand + 400 * 0.025 + 10.0
 
     def run(t_prefill, b_cap, n=64.0):
         return pd.DataFrame(evaluate_disaggregated(t_prefill, 2, 1, table, 0, 4, b_cap, 1, 1, n,
@@ -161,9 +164,14 @@ def test_disaggregated_closed_loop_at_a_given_concurrency():
     capped = run(0.5, 16.0)
     assert capped["rate_rps"] == pytest.approx(1.6, rel=1e-6) and capped["limit"] == "decode_rate"
     queue = 64 / 1.6 - cycle(1.6)
-    p90 = 2800 / 16_384 + cycle(1.6) - service - hand - 20.0 + 2800 * 50_000 / 50e9 + 44 * 2e-6
-    assert capped["p90_ttft_s"] == pytest.approx(p90 + queue, rel=1e-6)
-    # a prefill pool of 0.512 rps saturates: the M/D/1 wait takes up the lanes it cannot serve
+    # P90 prefill + wait, in tokens t: (1 - rho) P(U > t) + rho P(R > t - 2,000) = 0.1 with
+    # rho = 1.6 / 8.192 = 0.195 and the residual law P(R > r) = E[(U - r)+] / E[U]. Below
+    # t = 3,000 the free-server term alone is 0.805 x 0.5; at 3,000 only the busy term is left,
+    # 0.195 x (3,000 - 1,000) / 4,000 = 0.098 < 0.1: the P90 is the 3,000-token prompt's own
+    # prefill. + hand-off of the P90 2,800 tokens (+ 44 descriptors) + the slot queue.
+    p90 = 3000 / 16_384 + 2800 * 50_000 / 50e9 + 44 * 2e-6
+    assert capped["p90_ttft_s"] == pytest.approx(p90 + queue, rel=1e-4)
+    # a prefill pool of 0.512 rps saturates: the queue's wait takes up the lanes it cannot serve
     slow = run(8.0, 1e9)
     assert 0.95 * 0.512 < slow["rate_rps"] < 0.512 and slow["limit"] == "prefill_rate"
 
@@ -197,19 +205,22 @@ def test_finite_cache_misses_and_lower_tier_reloads():
     assert fin["tokens_per_s"][0] < inf["tokens_per_s"][0]
 
 
-def test_fcfs_prefill_wait_is_the_residual_of_the_prompt_in_service():
+def test_fcfs_prefill_p90_mixes_the_free_server_and_the_residual_of_the_one_in_service():
     # Threshold off, one rank, 0.1 s per chunk; prompts of 1 and 3 chunks (1000 / 3000 tokens at
     # a 1000-token cap), 1 prompt/s: rho = 1 x 2 x 0.1 = 0.2. Pollaczek-Khinchine mean wait
-    # lam E[S^2] / (2 (1 - rho)) = 1 x 5 x 0.01 / 1.6 = 31.25 ms. P90: P(busy) = 0.2, so the
-    # arrival's residual exceeds t with probability 0.5: length-biased residual chunks
-    # P(R > tau) = E[(C - tau)+] / E[C] = ((1 - tau)+ + (3 - tau)) / 4 = 0.5 at tau = 1.0.
-    from model.search import _fcfs_prefill_wait
+    # lam E[S^2] / (2 (1 - rho)) = 1 x 5 x 0.01 / 1.6 = 31.25 ms. P90 TTFT in steps: free
+    # server (0.8) -> own C in {1, 3}; busy (0.2) -> residual R then E[C] = 2, with
+    # P(R > r) = E[(C - r)+] / E[C]. At t = 3 steps: 0.8 P(C > 3) + 0.2 P(R > 1)
+    # = 0 + 0.2 x (0 + 2) / 2 / 2 = 0.1, so the P90 is 3 steps = 0.3 s.
+    from model.search import _fcfs_prefill
 
     tr = _traffic()
-    wait, p90 = _fcfs_prefill_wait(tr, np.array([1000.0]), 0.0, np.array([0]), 1.0, 0.1, 0.1,
-                                   1, 1)
+    cap = np.array([1000.0])
+    wait, p90 = _fcfs_prefill(tr, cap, 0.0, np.array([0]), 1.0, 0.1, 0.1, 0.1, 1, 1)
     assert wait[0] == pytest.approx(1 * 5 * 0.01 / 1.6)
-    assert p90[0] == pytest.approx(1.0 * 0.1)
-    # a threshold shares the budget: no FCFS queue
-    assert _fcfs_prefill_wait(tr, np.array([512.0]), 0.0, np.array([512]), 1.0, 0.1, 0.1, 1,
-                              1)[0][0] == 0.0
+    assert p90[0] == pytest.approx(0.3, rel=1e-6)
+    # idle server: the P90 prompt's own 3 chunks
+    assert tr.fcfs_p90_chunks(cap, 0.0)[0] == pytest.approx(3.0, rel=1e-6)
+    # a threshold shares the budget: no FCFS wait
+    assert _fcfs_prefill(tr, np.array([512.0]), 0.0, np.array([512]), 1.0, 0.1, 0.1, 0.1, 1,
+                         1)[0][0] == 0.0
