@@ -453,19 +453,34 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     hand_p90 = kv_transfer_time_s(traffic.uncached_p90 + miss, kv_bytes_per_token,
                                   link_bytes_per_s, senders)
     rho = rate / (x * lam_p)
+    step_p90 = step + Z90 * _batch_step_sd(decode_table, which, b, conc / y, at_cap, traffic, tps)
     # own prefill + FCFS wait at the P90 (token-sized steps: cap 1)
     ttft_p90 = traffic.fcfs_p90_chunks(1.0, np.minimum(rho, 0.999), miss) / thr_p + hand_p90 \
         + lower + queue
     gpus = x * g_p + y * g_d
     limit = np.where(at_cap, "decode_rate", np.where(rho > 0.95, "prefill_rate", "lanes"))
     out = {"x": x.astype(int), "y": y.astype(int), "decode_batch": b, "decode_batch_cap": b_cap,
-           "tpgs": rate * (s + o) / gpus, "p90_interactivity_tok_s": tps / step,
+           "tpgs": rate * (s + o) / gpus, "p90_interactivity_tok_s": tps / step_p90,
            "p90_ttft_s": ttft_p90, "mean_ttft_s": service + wait + hand_mean + lower + queue,
            "rate_rps": rate, "gpus": gpus.astype(int), "concurrency": conc,
            "prefill_rps": x * lam_p, "decode_rps": y * b_cap * tps / (o * state(b_cap)[0]),
            "step_time_s": step, "limit": limit,
            "feasible": (b_cap >= 1.0) & np.isfinite(ttft_p90)}
     return {k: np.ravel(v) for k, v in out.items()}
+
+
+def _batch_step_sd(decode_table: StepTable, which, b, lanes, at_cap, traffic: Traffic, tps):
+    """Sd of the decode step a short request sees over its own decode window, from the batch's
+    fluctuation: decodes are an M/G/inf occupancy of mean b (Poisson variance b), thinned by the
+    closed loop's finite lanes (binomial: x (1 - b / lanes)) and averaged over the window w of
+    a P10-length output against the mean decode length L: b (1 - w / 3L) (rectangular shots,
+    w <= L). None at the decode cap, where queued lanes keep the slots full."""
+    length = traffic.output_mean / tps
+    w = np.minimum(traffic.output_p10 / tps, length)
+    var = b * (1.0 - w / (3.0 * length)) * np.maximum(1.0 - b / np.maximum(lanes, 1e-9), 0.0)
+    slope = np.maximum(decode_table(0.0, b + 1.0, which) - decode_table(
+        0.0, np.maximum(b - 1.0, 0.0), which), 0.0) / (b + 1.0 - np.maximum(b - 1.0, 0.0))
+    return np.where(at_cap, 0.0, slope * np.sqrt(var))
 
 
 # ---------------------------------------------------------------- Pareto and best

@@ -172,14 +172,15 @@ def test_search_agrees_with_the_serving_model():
 def test_fixed_concurrency_holds_in_both_modes():
     # `concurrency` is a search dimension of both modes (issue #6: "GPU budget; concurrency"):
     # fixed at 24 sessions, every candidate carries exactly 24 lanes, and a disaggregated one
-    # holds them by Little's law: rate x (TTFT incl. queueing + O / interactivity + gap) = 24.
+    # holds them by Little's law: rate x (TTFT incl. queueing + O mean steps + gap) = 24 (no
+    # speculative decoding for qwen3-32b: one token per step).
     r = plan("qwen3-32b", "h100-sxm", 4, "fixed-8k1k", 20.0, concurrency=[24])
     c = r.candidates
     assert set(c["mode"]) == {"aggregated", "disaggregated"}
     assert set(c["concurrency"]) == {24}
     d = c[c["mode"] == "disaggregated"]
-    held = d["rate_rps"] * (d["mean_ttft_s"] + r.traffic.output_mean
-                            / d["p90_interactivity_tok_s"] + r.traffic.gap_mean_s)
+    held = d["rate_rps"] * (d["mean_ttft_s"] + r.traffic.output_mean * d["step_time_s"]
+                            + r.traffic.gap_mean_s)
     assert held.to_numpy() == pytest.approx(24.0, rel=1e-4)
     # with the infinite cache (the hit rate no longer falls with sessions), more lanes on the
     # same disaggregated deployment never serve less, and serve more where the lanes bound it

@@ -224,3 +224,31 @@ def test_fcfs_prefill_p90_mixes_the_free_server_and_the_residual_of_the_one_in_s
     # a threshold shares the budget: no FCFS wait
     assert _fcfs_prefill(tr, np.array([512.0]), 0.0, np.array([512]), 1.0, 0.1, 0.1, 0.1, 1,
                          1)[0][0] == 0.0
+
+
+@dataclass
+class LinearDecodeStep:
+    """A decode step of 20 ms + 1 ms per decoding sequence."""
+
+    plan: ParallelPlan = ParallelPlan()
+
+    def step_time_s(self, p, pctx, b, dctx, seqs=1.0):
+        return 0.02 + 0.001 * np.asarray(b, float) + 0.0 * np.asarray(p, float)
+
+
+def test_disaggregated_p90_step_carries_the_decode_batch_fluctuation():
+    # 30 sequences decoding on average out of 100 lanes, outputs all 400 tokens (P10 = mean):
+    # M/G/inf occupancy, binomial-thinned, averaged over a window equal to the decode length:
+    # var = 30 x (1 - 1/3) x (1 - 30/100) = 14; sd of the step = 1 ms/seq x sqrt(14).
+    from model.search import _batch_step_sd
+
+    tr = _traffic()
+    table = StepTable(LinearDecodeStep(), tr.context_mean, 8192, 8192, 1024)
+    sd = _batch_step_sd(table, 0, np.array([30.0]), np.array([100.0]), np.array([False]), tr,
+                        1.0)
+    # (the slope comes from the step table, bilinear in log1p(b): its chord between grid points
+    # lies up to ~7% above a straight line's slope here)
+    assert sd[0] == pytest.approx(0.001 * np.sqrt(14.0), rel=0.1)
+    # at the decode cap queued lanes keep every slot full: no fluctuation
+    assert _batch_step_sd(table, 0, np.array([30.0]), np.array([100.0]), np.array([True]), tr,
+                          1.0)[0] == 0.0
