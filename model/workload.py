@@ -144,6 +144,35 @@ class Subagents(_Strict):
     source: str = ""
 
 
+class ContextMap(_Strict):
+    """A monotone map of request contexts, quantile to quantile (`source`: the generator's own
+    request-level quantiles, `target`: the published ones at the same probabilities), in log
+    space, flat in ratio beyond the ends. Each request's uncached tokens scale with its context,
+    so per-request hit rates are kept. It brings a generator's context law to a corpus whose
+    requests are described only by quantiles (AgentX v1.0)."""
+
+    source: tuple[float, ...]
+    target: tuple[float, ...]
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> ContextMap:
+        src, tgt = np.asarray(self.source), np.asarray(self.target)
+        if len(src) != len(tgt) or len(src) < 2:
+            raise ValueError("source and target must have the same length (at least 2)")
+        if np.any(src <= 0) or np.any(tgt <= 0) or np.any(np.diff(src) <= 0) \
+                or np.any(np.diff(tgt) < 0):
+            raise ValueError("source must increase strictly, target must not decrease, both > 0")
+        return self
+
+    def apply(self, ctx: np.ndarray, unc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ls, lt = np.log(self.source), np.log(self.target)
+        lc = np.log(np.maximum(ctx, 1.0))
+        shift = np.interp(lc, ls, lt - ls)  # log ratio, constant beyond the ends
+        ratio = np.exp(shift)
+        return np.maximum(np.round(ctx * ratio), 1.0), np.maximum(np.round(unc * ratio), 1.0)
+
+
 class Arrivals(_Strict):
     """Open-loop arrival process recorded in the source trace (for trace-derived profiles)."""
 
@@ -172,6 +201,7 @@ class Workload(_Strict):
     think_time_s: Distribution | None = None
     max_context_tokens: float = Field(default=1_000_000, gt=0)
     subagents: Subagents | None = None
+    context_map: ContextMap | None = None  # applied to every generated request (sessions kind)
     # sessions resampled whole from a recorded trace (AgentX derived requests CSV, repository
     # path) instead of generated from the distributions above
     bootstrap: str | None = None
@@ -327,7 +357,14 @@ def _draw_sessions(w: Workload, n: int, seed: int) -> list[SessionSpec]:
                 pieces.append((c, u, o, g, np.ones(m, bool), np.full(m, r_no)))
             pieces.append(tuple(a[last:] for a in parts[0]))
             parts = pieces
-        out.append(SessionSpec(*(np.concatenate([p[i] for p in parts]) for i in range(6))))
+        spec = SessionSpec(*(np.concatenate([p[i] for p in parts]) for i in range(6)))
+        if w.context_map is not None:
+            ctx, unc = w.context_map.apply(spec.context_tokens, spec.uncached_tokens)
+            ctx = np.minimum(ctx, w.max_context_tokens)
+            spec = SessionSpec(ctx, np.minimum(unc, ctx),
+                               *(getattr(spec, f) for f in ("output_tokens", "gap_s",
+                                                            "subagent", "run")))
+        out.append(spec)
     return out
 
 
