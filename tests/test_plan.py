@@ -157,7 +157,7 @@ def test_search_agrees_with_the_serving_model():
     # 10.2 s (the search's FCFS term mixes a free server with the residual of the prompt in
     # service; before it had no wait, 2.7 s). MiniMax M3 on 2 B300 at 52 lanes: 59.4K vs 56.8K
     # (+4.6%), 51.5 vs 50.5 tok/s; AgentX v1 rows (2026-12-02), P90 TTFT search / serve: DSV4
-    # 2.92 / 2.38 s, MiniMax 2.63 / 2.38 s, Kimi 5.04 / 4.76 s. Bounds: TPGS within 12%, P90
+    # 4.92 / 7.13 s, MiniMax 4.93 / 5.16 s, Kimi 3.26 / 4.21 s. Bounds: TPGS within 12%, P90
     # interactivity at most 35% lower, P90 TTFT within 35%.
     r = plan(**SMALL, verify=True)
     c = r.serving_check
