@@ -536,6 +536,11 @@ def _why(row: pd.Series, bottleneck: str, slo: float, slo_ttft: float | None = N
              "prefill_rate": "prefill workers' saturation rate",
              "decode_rate": "decode workers' saturation rate at the SLO"}.get(
         str(row.get("limit", "")), str(row.get("limit", "")))
+    if str(row.get("limit", "")) == "lanes" and float(row["p90_interactivity_tok_s"]) > 1.05 * slo \
+            and (slo_ttft is None or float(row["p90_ttft_s"]) < 0.95 * slo_ttft):
+        # neither SLO binds: throughput itself peaks at these lanes
+        limit = ("the prefix cache and the prefill queue (TPGS peaks at these lanes: more "
+                 "sessions miss more prefixes and wait longer than they add)")
     ttft = f" and P90 TTFT <= {slo_ttft:g} s" if slo_ttft is not None else ""
     return (f"highest TPGS among candidates with P90 interactivity >= {slo:g} tok/s{ttft}; "
             f"rate limited by {limit}; step bottleneck: {bottleneck}")
