@@ -462,8 +462,10 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
         return pd.DataFrame(), pd.DataFrame(sat_rows)
     combo = np.concatenate(parts)
     conc = np.sort(np.asarray(concurrency, float))
-    args = (combo, prefill_models, decode_models, t_p, chunk_p, b_cap, tps, traffic,
-            kv_bytes_per_token, link_bytes_per_s, cache_inputs, prefill_hw)
+    args = (combo, prefill_models, decode_models, StepTable.stack([pm.table for pm in
+                                                                   decode_models]),
+            t_p, chunk_p, b_cap, tps, traffic, kv_bytes_per_token, link_bytes_per_s,
+            cache_inputs, prefill_hw)
     frame = _disaggregated_frame(*args, np.repeat(np.arange(len(combo)), len(conc)),
                                  np.tile(conc, len(combo)))
     idx, fine = slo_edge_concurrencies(conc, meets_slo(frame, slo, slo_ttft).to_numpy(), refine)
@@ -472,11 +474,12 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
     return frame, pd.DataFrame(sat_rows)
 
 
-def _disaggregated_frame(combo, prefill_models, decode_models, t_p, chunk_p, b_cap, tps,
-                         traffic: Traffic, kv_bytes_per_token: float, link_bytes_per_s: float,
-                         cache_inputs, prefill_hw, rows: np.ndarray, c: np.ndarray
-                         ) -> pd.DataFrame:
-    """Candidates for explicit rows: combos (prefill plan, decode plan, x, y) x concurrency."""
+def _disaggregated_frame(combo, prefill_models, decode_models, table: StepTable, t_p, chunk_p,
+                         b_cap, tps, traffic: Traffic, kv_bytes_per_token: float,
+                         link_bytes_per_s: float, cache_inputs, prefill_hw, rows: np.ndarray,
+                         c: np.ndarray) -> pd.DataFrame:
+    """Candidates for explicit rows: combos (prefill plan, decode plan, x, y) x concurrency;
+    `table` stacks the decode plans' step tables."""
     pi, di, x, y = (combo[rows, j] for j in range(4))
     miss, lower_s, hit = np.zeros(len(c)), np.zeros(len(c)), np.full(len(c), traffic.hit_rate)
     if cache_inputs is not None:
@@ -486,7 +489,6 @@ def _disaggregated_frame(combo, prefill_models, decode_models, t_p, chunk_p, b_c
             m, lo, h, rl = _cache_terms(prefill_models[j], arch, prefill_hw, kv_dtype, workload,
                                         c[sel] / x[sel], setup)
             miss[sel], lower_s[sel], hit[sel] = m, lo * rl, h
-    table = StepTable.stack([pm.table for pm in decode_models])
     p_gpus = np.array([pm.plan.gpus for pm in prefill_models], float)
     senders = np.array([pm.plan.attention_gpus for pm in prefill_models], float)
     d_gpus = np.array([pm.plan.gpus for pm in decode_models], float)

@@ -364,8 +364,9 @@ def _fcfs_prefill(traffic: Traffic, cap, miss, thr, rate_per_rank, t_chunk, t_ch
     are the cold ones). With a threshold prompts share the budget instead: no wait."""
     per_chunk = t_chunk / pp + (interval - 1.0) * t_quiet
     extra = miss / cap  # recomputed misses lengthen every prompt's prefill by this many chunks
-    c1 = traffic.chunks(cap) + extra
-    c2 = traffic.chunks_squared(cap) + 2.0 * traffic.chunks(cap) * extra + extra**2
+    base = traffic.chunks(cap)
+    c1 = base + extra
+    c2 = traffic.chunks_squared(cap) + 2.0 * base * extra + extra**2
     rho = np.minimum(rate_per_rank * c1 * per_chunk, 0.99)
     wait = pk_wait_s(rate_per_rank, c1 * per_chunk, c2 * per_chunk**2, 0.99)
     fcfs = np.broadcast_to(np.asarray(thr) <= 0, np.shape(wait))
@@ -440,13 +441,15 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
         return step, r, wait, r * (fixed + wait + o / tps * step)
 
     lo = np.full(conc.shape, np.log(1e-3))
-    hi = np.log(np.maximum(b_cap, 1e-3))
-    at_cap = state(np.exp(hi))[3] <= conc
+    top = np.maximum(b_cap, 1e-3)  # the decode cap, evaluated once
+    hi = np.log(top)
+    cap_step, _, _, cap_held = state(top)
+    at_cap = cap_held <= conc
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
         over = state(np.exp(mid))[3] > conc
         hi, lo = np.where(over, mid, hi), np.where(over, lo, mid)
-    b = np.where(at_cap, np.maximum(b_cap, 1e-3), np.exp(lo))
+    b = np.where(at_cap, top, np.exp(lo))
     step, rate, wait, held = state(b)
     queue = np.where(at_cap, np.maximum(conc / np.maximum(rate, 1e-300)
                                         - (fixed + wait + o / tps * step), 0.0), 0.0)
@@ -463,7 +466,7 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
            "tpgs": rate * (s + o) / gpus, "p90_interactivity_tok_s": tps / step_p90,
            "p90_ttft_s": ttft_p90, "mean_ttft_s": service + wait + hand_mean + lower + queue,
            "rate_rps": rate, "gpus": gpus.astype(int), "concurrency": conc,
-           "prefill_rps": x * lam_p, "decode_rps": y * b_cap * tps / (o * state(b_cap)[0]),
+           "prefill_rps": x * lam_p, "decode_rps": y * top * tps / (o * cap_step),
            "step_time_s": step, "limit": limit,
            "feasible": (b_cap >= 1.0) & np.isfinite(ttft_p90)}
     return {k: np.ravel(v) for k, v in out.items()}

@@ -151,7 +151,7 @@ def fit_agentx_v1(synthetic: dict) -> dict:
     (`context_map`, monotone: each session still grows; uncached tokens scale with it, so the
     hit rates stay)."""
     mu_gap = float(np.log(V1_GAP_MEDIAN_S))
-    sigma_gap = float((np.log(60.0) - mu_gap) / Z[0.9])
+    sigma_gap = float((np.log(60.0) - mu_gap) / Z[1.0 - V1_GAP_OVER_60S])
     mu_out, sigma_out = _lognormal_through(V1_OSL_QUANTILES)
     osl = ", ".join(f"p{round(100 * k)} {v:,.0f}" for k, v in V1_OSL_QUANTILES.items())
     isl = ", ".join(f"p{round(100 * k)} {v / 1e3:,.0f}K" for k, v in V1_ISL_QUANTILES.items())
