@@ -98,7 +98,8 @@ def expected_min(sorted_s: np.ndarray, x, weights: np.ndarray | None = None,
 
 
 def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt: float,
-                      n: int, start_bias=None, rate_shape: float | None = None) -> np.ndarray:
+                      n: int, start_bias=None, rate_shape: float | None = None,
+                      backlog=None) -> np.ndarray:
     """pmf on the grid k·dt of the work Y seen by a window of `window` steps when runs of
     `lengths` steps (per-step `heights`, one sample per run type, equally likely) start as a
     Poisson process of `rate_per_step` (exact compound Poisson through its Lévy measure + FFT).
@@ -111,6 +112,9 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     `rate_shape` alpha: the rate is scaled by a Gamma(alpha, 1/alpha) factor (mean 1) held over
     the window, so run counts are negative binomial, not Poisson (None: Poisson);
     E[exp(R z)] = (1 - z / alpha)^-alpha replaces exp(z) in the transform.
+    `backlog` (means, weights): runs already queued when the window opens, on top of the Poisson
+    ones: a Poisson number of mean `means[i]` with probability `weights[i]`, each of a type drawn
+    uniformly and overlapping the window fully (each run on its own, capped at the window).
     """
     h = np.asarray(heights, float)
     k = np.asarray(lengths, float)
@@ -141,6 +145,13 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     size = 2 * n
     z = np.fft.rfft(mass, size) - total
     cf = np.exp(z) if rate_shape is None else (1.0 - z / rate_shape) ** -rate_shape
+    if backlog is not None:
+        first = np.zeros(n)
+        np.add.at(first, lo, (1 - frac) / len(h))
+        np.add.at(first, up, frac / len(h))
+        means, weights = (np.asarray(a, float) for a in backlog)
+        zq = np.fft.rfft(first, size) - 1.0
+        cf = cf * (weights[:, None] * np.exp(means[:, None] * zq[None, :])).sum(axis=0)
     pmf = np.maximum(np.fft.irfft(cf, size)[:n], 0.0)
     return pmf / max(pmf.sum(), 1e-300)
 

@@ -773,7 +773,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
 
     ttft_q, ttft_mean = _ttft_quantiles(st, admit_wait + st.extra)
     tpot_q, dists = _tpot_quantiles(eng, st, x, n_rank if isinstance(load, ClosedLoop)
-                                    else None)
+                                    else None, admit_wait + st.extra)
     x_rep = x * dp
     tpgs = x_rep * float(np.mean(mix.c + mix.o)) / gpus
     out_tps = x_rep * float(mix.o.mean()) / gpus
@@ -946,7 +946,26 @@ def _window_bins(w: np.ndarray):
     return np.array(reps), np.array(weights, float)
 
 
-def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None):
+def _fcfs_backlog(st: _State, x: float, admit_wait: float, n_rank: float | None,
+                  points: int = 48):
+    """FCFS: the prompts queued behind one when its prefill ends, which its decode window then
+    sees prefilled: those who arrived on its rank during its sojourn (arrival to first token),
+    Poisson of mean x T over the TTFT law (M/G/1: a departure leaves behind the arrivals during
+    its sojourn; a closed loop thins it). Returns (means, weights) on `points` TTFT quantiles."""
+    grid, pmf = _ttft_distribution(st, admit_wait)
+    cdf = np.cumsum(pmf) / max(float(pmf.sum()), 1e-300)
+    qs = (np.arange(points) + 0.5) / points
+    t = grid[np.minimum(np.searchsorted(cdf, qs), len(grid) - 1)]
+    means = x * t
+    if st.gaps is not None:  # closed loop: who arrives stays queued, so long sojourns thin
+        means = means * _arrivals_kept(st.gaps, t)
+    if n_rank:  # ... and the arrivals are the other sessions' (this one is in the system)
+        means = means * max(1.0 - 1.0 / n_rank, 0.0)
+    return means, np.full(points, 1.0 / points)
+
+
+def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None,
+                        admit_wait: float = 0.0):
     """Per window bin: (window, weight, y grid, pmf of the prefill extension Y seen in the
     window, sd of the window-averaged decode-step time). TPOT = T_d + Y / window + noise."""
     w = eng.o1[eng.o1 >= 1]
@@ -988,20 +1007,26 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         span_s = k * st.td + scale * st.ext[pick]
         hold_s = eng.mean_o1 * (st.td + heights)
         bias = 1.0 + heights / st.tbar * _arrivals_kept(eng.mix.z, np.minimum(span_s, hold_s))
+    backlog = None
     if not np.isfinite(eng.pol.chunk_cap):
         bias = bias * (1.0 - 1.0 / eng.dp)
+        backlog = _fcfs_backlog(st, x, admit_wait, n_rank)
     out = []
     for win, weight, vb in zip(reps, weights, var_b, strict=True):
         mean_y = lam * win * float((heights * k).mean())
         var_y = float(shot_noise_var(lam, heights, k, np.array([win]))[0])
-        y_max = mean_y + 12.0 * np.sqrt(var_y) + float((heights * np.minimum(k, win)).max())
+        top = float((heights * np.minimum(k, win)).max())
+        y_max = mean_y + 12.0 * np.sqrt(var_y) + top
+        if backlog is not None:
+            mean_q = float(np.sum(backlog[0] * backlog[1]))
+            y_max += top * (mean_q + 6.0 * np.sqrt(mean_q) + 1.0)
         if y_max <= 0:
             out.append((win, weight, np.zeros(1), np.ones(1), abs(slope) * np.sqrt(vb)))
             continue
         sd = abs(slope) * np.sqrt(vb)
         y_max += 8.0 * sd * win
         dy = y_max / TPOT_GRID
-        pmf = compound_shot_pmf(lam, heights, k, win, dy, TPOT_GRID, bias)
+        pmf = compound_shot_pmf(lam, heights, k, win, dy, TPOT_GRID, bias, backlog=backlog)
         y = np.arange(TPOT_GRID) * dy
         if sd * win > dy:  # fold in the Gaussian batch noise (in Y units: sd · window)
             half = int(np.ceil(5.0 * sd * win / dy))
@@ -1029,13 +1054,15 @@ def _tpot_cdf(st: _State, dists, grid: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.clip(cdf, 0.0, 1.0))
 
 
-def _tpot_quantiles(eng, st, x, n_rank):
-    dists = _tpot_distributions(eng, st, x, n_rank)
+def _tpot_quantiles(eng, st, x, n_rank, admit_wait: float = 0.0):
+    dists = _tpot_distributions(eng, st, x, n_rank, admit_wait)
     if not dists:
         return np.full(len(QUANTILES), st.tbar), dists
     hi = max(st.td + float(y[-1]) / win for win, _, y, _, _ in dists)
     lo = max(min(st.td + float(y[0]) / win for win, _, y, _, _ in dists), 0.0)
-    grid = np.linspace(lo, hi, 4001)
+    # log-spaced too: short windows behind a queued long run reach far beyond the median
+    grid = np.unique(np.r_[np.linspace(lo, hi, 2001),
+                           np.geomspace(max(lo, 0.05 * st.td, 1e-9), hi, 6001)])
     cdf = _tpot_cdf(st, dists, grid)
     return np.array([grid[min(np.searchsorted(cdf, q), len(grid) - 1)] for q in QUANTILES]), \
         dists
