@@ -1,0 +1,33 @@
+"""model.lockstep: the mean step of lock-stepped FCFS ranks against cases with a closed answer."""
+
+import numpy as np
+import pytest
+
+from model.lockstep import LockstepSlots
+from model.serving import expected_max_poisson
+
+
+def test_one_rank_is_the_work_conservation_law():
+    # One rank: every extension is paid once, so the map is td + x t E[ext] per step whatever
+    # the mix of runs and short prompts (research/theory.md 1.1: the mean step is the decode
+    # step plus the prefill work per step).
+    rng = np.random.default_rng(0)
+    full = rng.integers(0, 4, 3000).astype(float)
+    full_ext = np.where(full > 0, rng.uniform(0.2, 1.0, 3000), 0.0)
+    last = rng.uniform(0.0, 0.05, 3000)
+    slots = LockstepSlots(full, full_ext, last, td=0.02, interval=1, dp=1)
+    x, t = 0.5, 0.05
+    expected = 0.02 + x * t * float(np.mean(full * full_ext + last))
+    assert slots.mean_step(x, t) == pytest.approx(expected, rel=0.01)
+
+
+def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
+    # Only short prompts (no runs), all of extension h: a rank packs a Poisson(mu) number per
+    # admitting step, mu = x (interval td + extension), and the lock-stepped step waits for the
+    # busiest of the 8 ranks: h E[max of 8 Poisson(mu)] per admitting step (a closed form,
+    # model.serving.expected_max_poisson), spread over `interval` steps.
+    n, h, td, iv, x, t = 2000, 0.1, 0.02, 8, 0.3, 0.05
+    slots = LockstepSlots(np.zeros(n), np.zeros(n), np.full(n, h), td=td, interval=iv, dp=8)
+    mu = x * t * iv
+    expected = td + h * expected_max_poisson(mu, 8) / iv
+    assert slots.mean_step(x, t) == pytest.approx(expected, rel=0.02)
