@@ -69,12 +69,13 @@ class LockstepSlots:
 
     def run_shots(self, x: float, t: float):
         """For the TPOT law at mean step `t`: (quiet floor per admitting slot, chunks per run,
-        each run's extension per chunk above the quiet floor, share of requests that run). A
-        run chunk of height h adds E[(h - M)+] = integral_0^h P(M <= y) dy to a slot whose
-        other ranks alone would take M (the quiet max): the ranks' pieces it masks add nothing."""
-        _, f_quiet, dy = self._slots(x, t)
+        each run's extension per chunk above the others, share of requests that run). A run
+        chunk of height h adds E[(h - M)+] = integral_0^h P(M <= y) dy to a slot whose other
+        ranks alone would take M (their packed pieces, or their own run chunk): what it masks
+        adds nothing, and two overlapping runs add about the taller one, not both."""
+        _, f_quiet, dy, f_others = self._slots(x, t)
         floor = _mean(f_quiet, dy)
-        above = np.r_[0.0, np.cumsum(f_quiet) * dy]
+        above = np.r_[0.0, np.cumsum(f_others) * dy]
         runs = self.full >= 1
         h_eff = np.interp(self.full_ext[runs] / dy, np.arange(GRID + 1), above)
         return floor, self.full[runs], h_eff, float(runs.mean())
@@ -99,4 +100,5 @@ class LockstepSlots:
         mu_quiet = max(per_slot - p_run * mu_run * others / dp, 0.0) / max(1.0 - p_run, 1e-12)
         f_quiet = self._packed_cdf(mu_quiet, dy) ** dp
         x_quiet = _mean(f_quiet, dy)
-        return td + (p_run * x_run + (1.0 - p_run) * x_quiet) / iv, f_quiet, dy
+        f_others = f_quiet * (1.0 - p + p * f_run) ** (dp - 1)  # the other ranks' max
+        return td + (p_run * x_run + (1.0 - p_run) * x_quiet) / iv, f_quiet, dy, f_others

@@ -168,14 +168,14 @@ def test_dep8_lockstep_fcfs_ttft_agrees_with_the_simulation():
     # eight lock-stepped ranks and cold prefills of up to 850K tokens. The FCFS TTFT is a mixture
     # on whether another rank is mid-run at arrival (model.serving._run_mixture). Measured
     # (4000 s simulated, data/calibration/serving_agreement.md, 2026-12-02): TTFT p50 +4.1%,
-    # p90 +6.6%, p99 +13.0%, TPGS -1.8%; TPOT p50 +4.8% (-27% before model.lockstep's mean
-    # step), p90 +21%, p99 +58% (overlapping runs on two ranks take the max; the shots add).
+    # p90 +6.6%, p99 +13.0%, TPGS -1.8%; TPOT p50 -7.4%, p90 +2.4%, p99 +32% (before
+    # model.lockstep's slot picture: -27%, -16%, +7%).
     from model.serving_agreement import agreement
 
     d = agreement("dsv4-dep8-pop64-n128-t0-iv8")
     assert abs(d["ttft_p50"]) < 0.10 and abs(d["ttft_p90"]) < 0.10 and abs(d["ttft_p99"]) < 0.15
     assert abs(d["tpgs"]) < 0.06
-    assert abs(d["tpot_p50"]) < 0.10 and abs(d["tpot_p90"]) < 0.25
+    assert abs(d["tpot_p50"]) < 0.10 and abs(d["tpot_p90"]) < 0.10
 
 
 def test_fcfs_decode_windows_open_on_the_queued_backlog():
