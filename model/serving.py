@@ -372,6 +372,9 @@ class _State:
     # lock-stepped ranks)
     excite: bool = False
     slots: LockstepSlots | None = None  # FCFS on lock-stepped ranks: the slot picture
+    # threshold mode on lock-stepped ranks: (mean chunk extension, chunks per rank per
+    # admitting step, ranks) of the mean step's busiest-rank law
+    lock: tuple | None = None
 
     @property
     def tail_mean(self) -> float:
@@ -516,12 +519,16 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         lam = eng.dp * x * tbar
         shot_scale = (tbar - td) / max(lam * float(ext[pick].mean()), 1e-30)
         shots = (lam, shot_scale * ext[pick] / kk, kk, own_steps, own_steps * td + ext)
+        lock = (float(ext.mean()) / max(float(k.mean()), 1e-12),
+                x * float(k.mean()) * tbar * interval, eng.dp) if eng.dp > 1 else None
     st = _State(x, b, td, tbar, k, ext, base, rho_p, wait, share, "", wait_scale,
                 mix.z if n_sessions else None, extra, shots)
     # on lock-stepped ranks a prompt's own chunk masks the other ranks' (the step waits for the
     # slowest, not the sum): their arrivals are left unexcited
     st.excite = shots is not None and eng.dp == 1
     st.slots = slots
+    if shots is not None:
+        st.lock = lock
     if np.isinf(cap):
         st.tail_q, st.tail_ext = tail_q, tail_ext
         st.run_offsets, st.run_weights = run_offsets, run_weights
@@ -904,8 +911,15 @@ def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
         y_max = lam * mult * win * float((heights * k).mean()) * 6.0 + \
             float((heights * np.minimum(k, win)).max()) * 2.0
         dt = (float(own[sel].max()) + shift + y_max) / n
-        pmf = compound_shot_pmf(lam * mult, heights, k, win, dt, n, bias / mult,
-                                _excitation_shape(eta, lam, heights, k, win))
+        seen = heights
+        if st.lock is not None:  # the own chunk masks the other ranks' below its height
+            c, m, dp = st.lock
+            chunk = (own[sel] - st.td * steps_own[sel]) / np.maximum(st.k[sel], 1.0)
+            pick = np.linspace(0, len(chunk) - 1, min(len(chunk), 400)).astype(int)
+            seen = heights * float(np.mean(_others_above(chunk[pick], c, m, dp))) / (
+                c * expected_max_poisson(m, dp))
+        pmf = compound_shot_pmf(lam * mult, seen, k, win, dt, n, bias / mult,
+                                _excitation_shape(eta, lam, seen, k, win))
         hist = np.bincount(np.minimum(((own[sel] + shift) / dt).astype(int), n - 1),
                            minlength=n).astype(float)
         conv = np.fft.irfft(np.fft.rfft(pmf, 2 * n) * np.fft.rfft(hist, 2 * n), 2 * n)[:n]
@@ -915,6 +929,24 @@ def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
     grid, mass = np.concatenate(grids), np.concatenate(masses)
     order = np.argsort(grid, kind="stable")
     return grid[order], mass[order] / mass.sum()
+
+
+def _others_above(h: np.ndarray, c: float, m: float, dp: int) -> np.ndarray:
+    """E[max(h + c N0, c M)] - h: what a lock-stepped step adds to a rank's own chunk of
+    extension h when each rank packs a Poisson(m) number of chunks of extension c (N0 on its
+    own rank, M the most on any of the other dp - 1): the step waits for the busiest."""
+    from scipy.stats import poisson
+
+    n = np.arange(int(m + 12.0 * np.sqrt(m) + 12.0))
+    p = poisson.pmf(n, m)
+    q = np.diff(np.r_[0.0, poisson.cdf(n, m) ** (dp - 1)])  # pmf of the others' most
+    cum_q, cum_jq = np.cumsum(q), np.cumsum(n * q)
+    own = np.asarray(h, float)[:, None] + c * n[None, :]  # (h, N0)
+    idx = np.clip(np.floor(own / max(c, 1e-300)).astype(int), -1, len(n) - 1)
+    below = np.where(idx >= 0, cum_q[np.maximum(idx, 0)], 0.0)
+    above_j = cum_jq[-1] - np.where(idx >= 0, cum_jq[np.maximum(idx, 0)], 0.0)
+    step = own * below + c * above_j  # E over M of max(own, c M)
+    return (step * p[None, :]).sum(axis=1) - np.asarray(h, float)
 
 
 def _excitation_shape(eta, lam: float, heights, k, win: float) -> float | None:

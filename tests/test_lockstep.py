@@ -31,3 +31,18 @@ def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
     mu = x * t * iv
     expected = td + h * expected_max_poisson(mu, 8) / iv
     assert slots.mean_step(x, t) == pytest.approx(expected, rel=0.02)
+
+
+def test_own_chunk_masks_the_other_ranks_below_it():
+    # E[max(h + c N0, c M)] - h with N0 ~ Poisson(m) on the own rank and M the most of the
+    # other ranks' Poisson(m) counts: the three limits have closed answers.
+    from model.serving import _others_above
+
+    c, m = 0.1, 0.7
+    # one rank: nothing to mask, the own rank's other chunks add c m
+    assert _others_above(np.array([0.0, 1.0]), c, m, 1) == pytest.approx([c * m, c * m])
+    # no own chunk: the busiest of 8 ranks, c E[max of 8 Poisson(m)]
+    assert _others_above(np.array([0.0]), c, m, 8)[0] == pytest.approx(
+        c * expected_max_poisson(m, 8))
+    # an own chunk taller than any other rank's pack masks them all: only its own rank's add
+    assert _others_above(np.array([100.0]), c, m, 8)[0] == pytest.approx(c * m)
