@@ -358,7 +358,11 @@ class _MixPool:
 
     def __init__(self, workload: Workload, seed: int, hit_rate: float | None) -> None:
         m = workload.request_mix(50_000, seed + 7, hit_rate)
-        self.arrays = (m.context_tokens, m.uncached_tokens, m.output_tokens, m.gap_s)
+        # the mix lists each session's turns in order (context autocorrelation 0.95 at lag 1 on
+        # AgentX): shuffled, or the lanes would replay sessions instead of independent turns
+        order = np.random.default_rng(seed + 11).permutation(len(m.context_tokens))
+        self.arrays = tuple(np.asarray(a)[order] for a in (
+            m.context_tokens, m.uncached_tokens, m.output_tokens, m.gap_s))
         self.pos = 0
 
     def next(self):
