@@ -53,12 +53,26 @@ class LockstepSlots:
         self.last_mean = float(self.last.mean())
         self.last_m2 = float(np.mean(self.last**2))
         self.top = max(float(self.full_ext.max()), float(self.last.max()), 1e-12)
+        self._cached = None
 
-    def _packed_cdf(self, mu: float, dy: float) -> np.ndarray:
-        """cdf of the extension of a Poisson(mu) number of last pieces packed into one step."""
+    def _grid(self, y_max: float):
+        """(dy, run-height cdf, piece transform) on a grid kept while it reaches y_max: a
+        grid that moved with every step time would make the fixed-point map jitter."""
+        if self._cached is None or self._cached[0] * GRID < y_max:
+            dy = 1.5 * y_max / GRID
+            self._cached = (dy, _cdf(self.full_ext, self.run_w, dy), self._piece_transform(dy))
+        return self._cached
+
+    def _piece_transform(self, dy: float) -> np.ndarray:
         mass = np.bincount(np.minimum(np.round(self.last / dy).astype(int), GRID - 1),
                            minlength=GRID)[:GRID] / len(self.last)
-        pmf = np.fft.irfft(np.exp(mu * (np.fft.rfft(mass, 2 * GRID) - 1.0)), 2 * GRID)[:GRID]
+        return np.fft.rfft(mass, 2 * GRID) - 1.0
+
+    @staticmethod
+    def _packed_cdf(mu: float, piece: np.ndarray) -> np.ndarray:
+        """cdf of the extension of a Poisson(mu) number of last pieces packed into one step
+        (`piece`: their transform less one, on the slot's grid)."""
+        pmf = np.fft.irfft(np.exp(mu * piece), 2 * GRID)[:GRID]
         pmf = np.maximum(pmf, 0.0)
         return np.minimum(np.cumsum(pmf) / max(float(pmf.sum()), 1e-300), 1.0)
 
@@ -90,15 +104,14 @@ class LockstepSlots:
         width = per_slot / max(1.0 - p_run, 1e-3)
         y_max = 1.05 * max(self.top, width * self.last_mean
                            + 10.0 * np.sqrt(width * self.last_m2) + self.top)
-        dy = y_max / GRID
-        f_run = _cdf(self.full_ext, self.run_w, dy)
+        dy, f_run, piece = self._grid(y_max)
         f_a = ((1.0 - p + p * f_run) ** dp - (1.0 - p) ** dp) / max(p_run, 1e-12)
         x_run = _mean(f_a, dy)
         for _ in range(3):  # a run slot draws arrivals over its own length
             mu_run = x * (iv * td + x_run)
-            x_run = _mean(f_a * self._packed_cdf(mu_run, dy) ** others, dy)
+            x_run = _mean(f_a * self._packed_cdf(mu_run, piece) ** others, dy)
         mu_quiet = max(per_slot - p_run * mu_run * others / dp, 0.0) / max(1.0 - p_run, 1e-12)
-        f_quiet = self._packed_cdf(mu_quiet, dy) ** dp
+        f_quiet = self._packed_cdf(mu_quiet, piece) ** dp
         x_quiet = _mean(f_quiet, dy)
         f_others = f_quiet * (1.0 - p + p * f_run) ** (dp - 1)  # the other ranks' max
         return td + (p_run * x_run + (1.0 - p_run) * x_quiet) / iv, f_quiet, dy, f_others

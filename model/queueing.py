@@ -125,6 +125,13 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     uni_mass = m * share * (1.0 + bias)
     atom = (np.maximum(window - k, 0.0) + bias * np.maximum(k - window, 0.0)) * share
     levy = np.zeros(n + 1)
+    # runs narrower than a bin put their uniform part at its mean top / 2 (split between bins
+    # 0 and 1): as a density over [0, top] it would cancel huge terms
+    narrow = np.where(top < dt, uni_mass, 0.0)
+    point = np.zeros(n)
+    point[1] = float(np.sum(narrow * top / (2 * dt)))
+    point[0] = float(narrow.sum()) - point[1]
+    uni_mass = uni_mass - narrow
     # uniform parts: mass spread over [0, top]
     dens = np.where(top > 0, uni_mass / np.maximum(top, 1e-300), 0.0)
     hi = top / dt
@@ -135,7 +142,7 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     frac = hi - full
     tail = np.zeros(n)
     np.add.at(tail, np.minimum(full, n - 1), dens * dt * frac)
-    mass = ramp + tail
+    mass = ramp + tail + point
     # atoms at `top`, split between neighbours to keep the mean
     lo = np.minimum(full, n - 1)
     up = np.minimum(lo + 1, n - 1)

@@ -54,6 +54,17 @@ def test_compound_shot_moments_are_campbells():
         lam * h * h * (k * k * w - k**3 / 3))
 
 
+def test_compound_shot_runs_narrower_than_a_bin_keep_campbells_mean():
+    # Runs whose whole contribution h * min(k, w) is below one grid bin (fully masked runs on
+    # lock-stepped ranks): Campbell's mean lam * h * k * w still holds, with no overflow.
+    lam, h, k, w = 2.0, 1e-9, 30.0, 100.0
+    n, dt = 2**12, 1e-5
+    with np.errstate(all="raise"):
+        pmf = compound_shot_pmf(lam, [h], [k], w, dt, n)
+    mean = float(np.sum(pmf * np.arange(n) * dt))
+    assert mean == pytest.approx(lam * h * k * w, rel=0.01)
+
+
 def test_idle_engine_ttft_is_one_prefill_step_and_tpot_one_decode_step():
     # fixed 1k/1k at a vanishing rate: TTFT = a + b*1024 (+ c for the decode slot the model
     # always reserves) = 0.01 + 0.02048 + 0.0001; TPOT = a + c*1 = 0.0101
