@@ -98,26 +98,36 @@ def register(app: typer.Typer) -> None:
         tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"),
         dp: int = typer.Option(1, "--dp"), ep: int = typer.Option(1, "--ep"),
         dcp: int = typer.Option(1, "--dcp"),
-        kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV cache dtype"),
+        kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV cache dtype; the family's "
+                                     "recipe when omitted"),
+        precision: str = typer.Option(None, "--precision", help="served weight format (e.g. "
+                                      "fp8, mxfp8); the family's recipe when omitted"),
         allocator: str = typer.Option("hybrid", "--allocator", help="hybrid | static"),
         max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens"),
         utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
         as_json: bool = JSON,
     ) -> None:
         """HBM budget per GPU (weights, activations, reserve, KV pool), sequences that fit,
-        and the tier capacities in tokens."""
+        and the tier capacities in tokens; weights and KV as the family's serving recipe has
+        them (data/deployments/), as `plan` does, unless given."""
         from model.architecture import load_architecture
         from model.hardware import load_hardware
         from model.memory import hbm_budget
         from model.parallel import ParallelPlan
+        from model.recipes import recipe_settings
+        from model.step import with_precision
         from model.tiers import tier_capacity_tokens
 
         a, hw = load_architecture(arch), load_hardware(hardware)
+        precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False)
+        a = with_precision(a, precision)
         plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, dcp=dcp)
         budget = hbm_budget(a, hw, plan, kv_dtype=kv_dtype,
                             max_num_batched_tokens=max_num_batched_tokens, allocator=allocator,
                             gpu_memory_utilization=utilization)
-        emit({"arch": a.name, "hardware": hw.name, "plan": plan.label(), **budget.summary(),
+        emit({"arch": a.name, "hardware": hw.name, "plan": plan.label(),
+              "precision": precision or a.weight_dtype,
+              "kv_dtype": kv_dtype or a.default_kv_dtype, **budget.summary(),
               "context_tokens": context, "max_sequences": budget.max_sequences(context),
               "kv_capacity_tokens": budget.kv_capacity_tokens(context),
               "padding_fraction": budget.padding_fraction(context),
