@@ -167,3 +167,18 @@ def quantiles_from_pmf(pmf: np.ndarray, grid: np.ndarray, qs) -> np.ndarray:
     cdf = np.cumsum(pmf)
     cdf = cdf / cdf[-1]
     return np.array([grid[min(np.searchsorted(cdf, q), len(grid) - 1)] for q in qs])
+
+
+def expected_max_poisson(mean: float, n: int) -> float:
+    """E[max of n iid Poisson(mean)] = sum_k (1 - F(k)^n), F the Poisson cdf (= mean for n 1);
+    beyond a mean of 400 the normal limit mean + sqrt(mean) E[max of n N(0, 1)]."""
+    if n <= 1 or mean <= 0:
+        return max(mean, 0.0)
+    from scipy.stats import norm, poisson
+
+    if mean > 400.0:
+        z = np.linspace(-8.0, 8.0, 4001)
+        e_max = float(np.sum(1.0 - norm.cdf(z) ** n) * (z[1] - z[0])) - 8.0
+        return mean + np.sqrt(mean) * e_max
+    k = np.arange(int(mean + 12.0 * np.sqrt(mean) + 12.0))
+    return float(np.sum(1.0 - poisson.cdf(k, mean) ** n))

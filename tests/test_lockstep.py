@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from model.lockstep import LockstepSlots
-from model.serving import expected_max_poisson
+from model.queueing import expected_max_poisson
 
 
 def test_one_rank_is_the_work_conservation_law():
@@ -36,7 +36,7 @@ def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
 def test_own_chunk_masks_the_other_ranks_below_it():
     # E[max(h + c N0, c M)] - h with N0 ~ Poisson(m) on the own rank and M the most of the
     # other ranks' Poisson(m) counts: the three limits have closed answers.
-    from model.serving import _others_above
+    from model.serving_tails import _others_above
 
     c, m = 0.1, 0.7
     # one rank: nothing to mask, the own rank's other chunks add c m

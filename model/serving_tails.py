@@ -1,0 +1,335 @@
+"""TTFT and TPOT distributions of the serving closed form (model.serving), from its steady state.
+
+TTFT: own prefill time, the FCFS wait (Pollaczek-Khinchine, finite source in a closed loop) or,
+with a threshold, the other prefills landing in the own steps (compound shot noise, masked by
+the own chunk on lock-stepped ranks). TPOT: decode windows of each output length see a
+compound shot process of prefill runs (plus the FCFS backlog and, on lock-stepped FCFS ranks,
+the packed-prompt floor of model.lockstep) and the decode batch's fluctuation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from model.queueing import (
+    compound_shot_pmf,
+    expected_max_poisson,
+    expected_min,
+    mg1_wait_pmf,
+    quantiles_from_pmf,
+    shot_noise_var,
+)
+
+if TYPE_CHECKING:
+    from model.serving import _Engine, _State
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+TTFT_GRID = 2**15
+TPOT_GRID = 4096
+WINDOW_BINS = 20
+
+
+def _ttft_distribution(st: _State, admit_wait: float) -> tuple[np.ndarray, np.ndarray]:
+    """(grid, pmf) of TTFT: own prefill time (+ FCFS M/G/1 wait, exact P-K transform); with a
+    threshold, own chunks at the decode step time + the other prefills' extensions landing in
+    the same steps (compound Poisson over a window of the request's own chunk count)."""
+    base = st.ttft_base + admit_wait
+    if st.delay is not None:
+        base = base + st.delay
+    if st.shots is not None:
+        return _ttft_shared(st, admit_wait)
+    weights = np.full(len(base), 1.0 / len(base))
+    if st.tail_q is not None:  # mixture: the last step shared with the next prompt or not
+        weights = np.r_[weights * (1.0 - st.tail_q), weights * st.tail_q]
+        base = np.r_[base, base + st.tail_ext]
+    if st.run_offsets is not None:  # mixture: another rank mid-run at arrival or not
+        base = ((base - st.extra)[:, None] + st.run_offsets[None, :]).ravel()
+        weights = (weights[:, None] * st.run_weights[None, :]).ravel()
+    if st.rho_p <= 0 or st.wait_mean <= 0:
+        order = np.argsort(base)
+        return base[order], weights[order]
+    service = st.ttft_base
+    t_max = max(4.0 * float(service.max()), 1.5 * float(base.max())) \
+        + 40.0 * st.wait_mean / max(st.rho_p, 0.05)
+    dt = t_max / TTFT_GRID
+    if st.gaps is not None:
+        wait, _ = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID, st.gaps, st.x)
+    else:
+        wait, _ = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID)
+    if st.wait_scale != 1.0:  # Kingman: bursty arrivals stretch the wait
+        grid = np.arange(TTFT_GRID) * dt
+        cdf = np.interp(grid / st.wait_scale, grid, np.cumsum(wait))
+        wait = np.diff(cdf, prepend=0.0)
+    own = np.bincount(np.minimum((base / dt).astype(int), TTFT_GRID - 1), weights,
+                      minlength=TTFT_GRID).astype(float)
+    own /= own.sum()
+    pmf = np.maximum(np.fft.irfft(np.fft.rfft(wait, 2 * TTFT_GRID)
+                                  * np.fft.rfft(own, 2 * TTFT_GRID), 2 * TTFT_GRID)[:TTFT_GRID],
+                     0.0)
+    return np.arange(TTFT_GRID) * dt, pmf / pmf.sum()
+
+
+def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
+    """Threshold mode: own chunks + the other prefills' extensions landing in the own steps.
+
+    Runs arrive in wall time, so the step clock sees them self-excited: a longer step lets more
+    arrive. Processor sharing with a state-dependent step td + N h has a negative-binomial N
+    (index of dispersion 1 / (1 - eta), eta = 1 - td / tbar) and mean sojourn E[N] / x; three
+    terms carry that here. (1) The runs present at arrival are time-weighted by their height
+    over td, not over the mean step. (2) Their number is negative binomial: a Gamma-mixed rate
+    with that overdispersion, averaged over the window. (3) Open loop: a prompt in flight
+    lengthens every step it shares, so new runs start at lam (td + h_own) / td during it (mean
+    field). On fixed 8K prompts at threshold 512 these took P90 / P99 from -19% / -26% of the
+    simulation to -3% / +1%. A closed loop thins (1) and (2) by E[min(gap, D)] / D over each
+    run's span D and leaves (3) out: the simulator shows it for short prompts against long
+    think times (fixed 8K, 10 s think: P99 -18% without it), not for AgentX's long prompts
+    against short tool gaps (replayed sample: P99 +26% / +34% with it), where the idle pool
+    that could arrive is small."""
+    lam, heights, k, steps_own, own = st.shots
+    h_own = np.maximum(own - steps_own * st.td, 0.0) / np.maximum(steps_own, 1.0)
+    if st.delay is not None:
+        own = own + st.delay
+    which = _window_bin_index(np.maximum(steps_own, 1.0), steps_own.max() + 2)
+    # the runs present at arrival drew arrivals over their own spans: per run, the share of the
+    # step that draws arrivals
+    eta = st.excite * (1.0 - st.td / st.tbar) * (
+        1.0 if st.gaps is None else _arrivals_kept(st.gaps, k * st.tbar))
+    bias = 1.0 + heights / (st.tbar * (1.0 - eta))
+    n = 2**13
+    grids, masses = [], []
+    for b in np.unique(which):  # each window bin on its own grid (their spans differ by 1e3x)
+        sel = which == b
+        win = float(np.median(steps_own[sel]))
+        # open loop: new runs start at lam (td + h_own) / td while this prompt is in flight; a
+        # closed loop's idle pool is finite and not left excited (see the docstring)
+        mult = 1.0 + st.excite * float(h_own[sel].mean()) / st.td if st.gaps is None else 1.0
+        y_max = lam * mult * win * float((heights * k).mean()) * 6.0 + \
+            float((heights * np.minimum(k, win)).max()) * 2.0
+        dt = (float(own[sel].max()) + shift + y_max) / n
+        seen = heights
+        if st.lock is not None:  # the own chunk masks the other ranks' below its height
+            c, m, dp = st.lock
+            chunk = (own[sel] - st.td * steps_own[sel]) / np.maximum(st.k[sel], 1.0)
+            pick = np.linspace(0, len(chunk) - 1, min(len(chunk), 400)).astype(int)
+            seen = heights * float(np.mean(_others_above(chunk[pick], c, m, dp))) / (
+                c * expected_max_poisson(m, dp))
+        pmf = compound_shot_pmf(lam * mult, seen, k, win, dt, n, bias / mult,
+                                _excitation_shape(eta, lam, seen, k, win))
+        hist = np.bincount(np.minimum(((own[sel] + shift) / dt).astype(int), n - 1),
+                           minlength=n).astype(float)
+        conv = np.fft.irfft(np.fft.rfft(pmf, 2 * n) * np.fft.rfft(hist, 2 * n), 2 * n)[:n]
+        conv = np.maximum(conv, 0.0)
+        grids.append(np.arange(n) * dt)
+        masses.append(conv * (sel.sum() / max(conv.sum(), 1e-300)))
+    grid, mass = np.concatenate(grids), np.concatenate(masses)
+    order = np.argsort(grid, kind="stable")
+    return grid[order], mass[order] / mass.sum()
+
+
+def _others_above(h: np.ndarray, c: float, m: float, dp: int) -> np.ndarray:
+    """E[max(h + c N0, c M)] - h: what a lock-stepped step adds to a rank's own chunk of
+    extension h when each rank packs a Poisson(m) number of chunks of extension c (N0 on its
+    own rank, M the most on any of the other dp - 1): the step waits for the busiest."""
+    from scipy.stats import poisson
+
+    n = np.arange(int(m + 12.0 * np.sqrt(m) + 12.0))
+    p = poisson.pmf(n, m)
+    q = np.diff(np.r_[0.0, poisson.cdf(n, m) ** (dp - 1)])  # pmf of the others' most
+    cum_q, cum_jq = np.cumsum(q), np.cumsum(n * q)
+    own = np.asarray(h, float)[:, None] + c * n[None, :]  # (h, N0)
+    idx = np.clip(np.floor(own / max(c, 1e-300)).astype(int), -1, len(n) - 1)
+    below = np.where(idx >= 0, cum_q[np.maximum(idx, 0)], 0.0)
+    above_j = cum_jq[-1] - np.where(idx >= 0, cum_jq[np.maximum(idx, 0)], 0.0)
+    step = own * below + c * above_j  # E over M of max(own, c M)
+    return (step * p[None, :]).sum(axis=1) - np.asarray(h, float)
+
+
+def _excitation_shape(eta, lam: float, heights, k, win: float) -> float | None:
+    """Gamma shape of the run rate seen over a window of `win` steps. The per-step extension of
+    self-excited runs has variance lam E[k h^2] / (1 - eta) (eta: the share of the step that
+    draws more arrivals, per run; negative binomial where Poisson has 1 / (1 - eta) less), i.e. a
+    rate factor of variance lam E[eta / (1 - eta) k h^2] / (lam E[k h])^2; averaged over the window,
+    a run of k steps keeps 1 - u / 3 of it (u = win / k <= 1), else 1 / u - 1 / (3 u^2)."""
+    mean = lam * float(np.mean(heights * k))
+    eta = np.broadcast_to(np.asarray(eta, float), np.shape(heights))
+    if not np.any(eta > 0) or mean <= 0:
+        return None
+    u = win / np.maximum(k, 1.0)
+    keep = np.where(u <= 1.0, 1.0 - u / 3.0, 1.0 / u - 1.0 / (3.0 * u * u))
+    var = lam * float(np.mean(eta / (1.0 - eta) * k * heights**2 * keep)) / mean**2
+    return 1.0 / var if var > 0 else None
+
+
+def _ttft_quantiles(st: _State, admit_wait: float):
+    grid, pmf = _ttft_distribution(st, admit_wait)
+    mean = float(np.mean(st.ttft_base)) + admit_wait + st.wait_mean * st.wait_scale
+    if st.delay is not None:
+        mean += float(np.mean(st.delay))
+    mean += st.tail_mean
+    return quantiles_from_pmf(pmf, grid, QUANTILES), mean
+
+
+def _window_bin_index(w: np.ndarray, top: float) -> np.ndarray:
+    """Log-spaced bin (WINDOW_BINS edges from 1 to `top` steps) of each window length."""
+    edges = np.unique(np.round(np.geomspace(1, top, WINDOW_BINS + 1)))
+    return np.clip(np.searchsorted(edges, w, side="right") - 1, 0, len(edges) - 1)
+
+
+def _window_bins(w: np.ndarray):
+    """Group decode windows (steps) into log-spaced bins: representative window and weight."""
+    which = _window_bin_index(w, w.max() + 1)
+    reps, weights = [], []
+    for b in np.unique(which):
+        sel = w[which == b]
+        reps.append(float(np.median(sel)))
+        weights.append(len(sel))
+    return np.array(reps), np.array(weights, float)
+
+
+def _fcfs_backlog(st: _State, x: float, admit_wait: float, n_rank: float | None,
+                  points: int = 48):
+    """FCFS: the prompts queued behind one when its prefill ends, which its decode window then
+    sees prefilled: those who arrived on its rank during its sojourn (arrival to first token),
+    Poisson of mean x T over the TTFT law (M/G/1: a departure leaves behind the arrivals during
+    its sojourn; a closed loop thins it). Returns (means, weights) on `points` TTFT quantiles."""
+    grid, pmf = _ttft_distribution(st, admit_wait)
+    cdf = np.cumsum(pmf) / max(float(pmf.sum()), 1e-300)
+    qs = (np.arange(points) + 0.5) / points
+    t = grid[np.minimum(np.searchsorted(cdf, qs), len(grid) - 1)]
+    means = x * t
+    if st.gaps is not None:  # closed loop: who arrives stays queued, so long sojourns thin
+        means = means * _arrivals_kept(st.gaps, t)
+    if n_rank:  # ... and the arrivals are the other sessions' (this one is in the system)
+        means = means * max(1.0 - 1.0 / n_rank, 0.0)
+    return means, np.full(points, 1.0 / points)
+
+
+def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None,
+                        admit_wait: float = 0.0):
+    """Per window bin: (window, weight, y grid, pmf of the prefill extension Y seen in the
+    window, sd of the window-averaged decode-step time). TPOT = T_d + Y / window + noise."""
+    w = eng.o1[eng.o1 >= 1]
+    if len(w) == 0:
+        return []
+    reps, weights = _window_bins(w)
+    lam = eng.dp * x * st.tbar  # prefill runs started per step, all ranks (lock-step)
+    mean_ext = st.tbar - st.td
+    scale = mean_ext / max(lam * float(st.ext.mean()), 1e-30) if mean_ext > 0 else 0.0
+    pick = np.linspace(0, len(st.k) - 1, min(len(st.k), 2000)).astype(int)
+    # a prefill of k chunks runs on every interval-th step: its extension is spread over
+    # k * interval steps, not k (with prefill_schedule_interval 8 that is 8x thinner pulses)
+    k = np.maximum(st.k[pick], 1.0) * eng.pol.prefill_schedule_interval
+    heights = scale * st.ext[pick] / k
+    floor = 0.0
+    if st.slots is not None:
+        # FCFS on lock-stepped ranks (model.lockstep): the short prompts packed on every rank
+        # are a floor under every admitting step, and only the runs are shots, each as tall as
+        # what it adds above the other ranks (their pieces, or their own run: the step takes
+        # the max). Unscaled: windows open preferentially inside runs, so the mean TPOT sits
+        # above the mean step. Measured on DSV4 DEP8 at 128 sessions: mean TPOT 52.2 / 29.7 ms
+        # at cadence 1 / 8 against 51.9 / 29.7 ms simulated.
+        iv = eng.pol.prefill_schedule_interval
+        floor_slot, full, h_eff, share_runs = st.slots.run_shots(x, st.tbar)
+        floor = min(floor_slot / iv, max(mean_ext, 0.0))
+        lam = lam * share_runs
+        k = full * iv
+        heights = h_eff / iv
+    # decode-batch fluctuation: M/G/inf shot noise of decode runs, thinned by the finite
+    # session population of a closed loop (binomial instead of Poisson occupancy)
+    runs = w[np.linspace(0, len(w) - 1, min(len(w), 2000)).astype(int)]
+    var_b = shot_noise_var(x * st.tbar, np.ones(len(runs)), runs, reps) / reps**2
+    if n_rank:
+        var_b = var_b * max(1.0 - st.b / n_rank, 0.0)
+    slope = 0.0
+    if st.b > 1:
+        slope = (eng.decode_step(st.b + 1.0) - eng.decode_step(st.b - 1.0)) / 2.0
+    # Decode windows start when a prefill completes. With a threshold, prefills complete all the
+    # time, uniformly in time, so a step extended by h is (T + h) / T times as likely to hold a
+    # window start; without one (FCFS on the budget) nothing completes while a prefill holds the
+    # budget, so no window starts inside a run.
+    # With lock-stepped DP ranks only a 1/dp share of the runs hold the budget of the window's
+    # own rank: the other ranks' prefills complete (and start windows) inside them.
+    bias = 1.0 + heights / st.tbar
+    if n_rank and eng.dp > 1:
+        # Closed loop, lock-stepped ranks: another rank's long run stretches every step here,
+        # so a session arriving during it decodes slowly for H = its decode steps x (td + h)
+        # before it idles again. Arrivals thin over min(D, H): a session idle at the run's
+        # start arrives within that time with probability E[min(gap, t)] / E[gap], not
+        # t / E[gap], so fewer windows start inside long runs. (Measured against the simulator
+        # on DSV4 DEP8: the TPOT tails at 32 sessions went from +67% to +1% at P90. On one rank
+        # with a threshold it overcorrects, since sessions keep cycling, so it is not applied.)
+        span_s = k * st.td + heights * k
+        hold_s = eng.mean_o1 * (st.td + heights)
+        bias = 1.0 + heights / st.tbar * _arrivals_kept(eng.mix.z, np.minimum(span_s, hold_s))
+    backlog = None
+    if not np.isfinite(eng.pol.chunk_cap):
+        bias = bias * (1.0 - 1.0 / eng.dp)
+        backlog = _fcfs_backlog(st, x, admit_wait, n_rank)
+    out = []
+    for win, weight, vb in zip(reps, weights, var_b, strict=True):
+        mean_y = lam * win * float((heights * k).mean())
+        var_y = float(shot_noise_var(lam, heights, k, np.array([win]))[0])
+        top = float((heights * np.minimum(k, win)).max())
+        y_max = mean_y + 12.0 * np.sqrt(var_y) + top
+        if backlog is not None:
+            mean_q = float(np.sum(backlog[0] * backlog[1]))
+            y_max += top * (mean_q + 6.0 * np.sqrt(mean_q) + 1.0)
+        if y_max <= 0:
+            out.append((win, weight, np.full(1, floor * win), np.ones(1), abs(slope) * np.sqrt(vb)))
+            continue
+        sd = abs(slope) * np.sqrt(vb)
+        y_max += 8.0 * sd * win
+        dy = y_max / TPOT_GRID
+        pmf = compound_shot_pmf(lam, heights, k, win, dy, TPOT_GRID, bias, backlog=backlog)
+        y = np.arange(TPOT_GRID) * dy
+        if sd * win > dy:  # fold in the Gaussian batch noise (in Y units: sd · window)
+            half = int(np.ceil(5.0 * sd * win / dy))
+            kern = np.exp(-0.5 * (np.arange(-half, half + 1) * dy / (sd * win)) ** 2)
+            pmf = np.convolve(pmf, kern / kern.sum())
+            y = (np.arange(len(pmf)) - half) * dy
+        out.append((win, weight, y + floor * win, pmf, 0.0))
+    return out
+
+
+def _arrivals_kept(gaps: np.ndarray, span_s) -> np.ndarray:
+    """E[min(gap, D)] / D: the share of a stationary arrival stream that still arrives during a
+    span D when nobody who arrives returns before it ends (closed loop, heavy-tailed gaps)."""
+    d = np.maximum(np.asarray(span_s, float), 1e-12)
+    return np.minimum(expected_min(np.sort(np.asarray(gaps, float)), d) / d, 1.0)
+
+
+def _tpot_cdf(st: _State, dists, grid: np.ndarray) -> np.ndarray:
+    cdf = np.zeros_like(grid)
+    total = sum(d[1] for d in dists)
+    for win, weight, y, pmf, _ in dists:
+        vals = st.td + y / win
+        cdf_b = np.interp(grid, vals, np.cumsum(pmf) / pmf.sum(), left=0.0, right=1.0)
+        cdf += weight / total * cdf_b
+    return np.maximum.accumulate(np.clip(cdf, 0.0, 1.0))
+
+
+def _tpot_quantiles(eng, st, x, n_rank, admit_wait: float = 0.0):
+    dists = _tpot_distributions(eng, st, x, n_rank, admit_wait)
+    if not dists:
+        return np.full(len(QUANTILES), st.tbar), dists
+    hi = max(st.td + float(y[-1]) / win for win, _, y, _, _ in dists)
+    lo = max(min(st.td + float(y[0]) / win for win, _, y, _, _ in dists), 0.0)
+    # log-spaced too: short windows behind a queued long run reach far beyond the median
+    grid = np.unique(np.r_[np.linspace(lo, hi, 2001),
+                           np.geomspace(max(lo, 0.05 * st.td, 1e-9), hi, 6001)])
+    cdf = _tpot_cdf(st, dists, grid)
+    return np.array([grid[min(np.searchsorted(cdf, q), len(grid) - 1)] for q in QUANTILES]), \
+        dists
+
+
+def _slo_attainment(st, admit_wait, dists, slo_inter, slo_ttft) -> float:
+    ok = 1.0
+    if slo_inter and dists:
+        ok *= float(_tpot_cdf(st, dists, np.array([1.0 / slo_inter]))[0])
+    if slo_ttft:
+        grid, pmf = _ttft_distribution(st, admit_wait)
+        ok *= float(np.sum(pmf[grid <= slo_ttft]))
+    return ok
