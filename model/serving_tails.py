@@ -249,7 +249,8 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
     # Decode windows start when a prefill completes. With a threshold, prefills complete all the
     # time, uniformly in time, so a step extended by h is (T + h) / T times as likely to hold a
     # window start; without one (FCFS on the budget) nothing completes while a prefill holds the
-    # budget, so no window starts inside a run.
+    # budget, so no window starts inside a run, but each opens on the prompts queued behind its
+    # own (`_fcfs_backlog`).
     # With lock-stepped DP ranks only a 1/dp share of the runs hold the budget of the window's
     # own rank: the other ranks' prefills complete (and start windows) inside them.
     bias = 1.0 + heights / st.tbar
