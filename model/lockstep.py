@@ -13,7 +13,7 @@ independent ranks) misses both:
   wait for a quiet step.
 
 Measured on DeepSeek V4 Pro DEP8 on B300 under the 64-session AgentX population at 128 sessions
-(model.serving_agreement, 2026-12-02): this gives 85.2 / 67.7 ms at the closed form's rates
+(model.serving_agreement, 2026-12-02): the serving fixed point's mean step is 88.5 / 66.8 ms
 for prefill_schedule_interval 1 / 8, against 86.1 / 67.2 ms simulated; the mean-height picture
 gave 99.1 / 53.0 ms.
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 import numpy as np
 
 GRID = 4096
-SAMPLE = 4000
 
 
 def _cdf(values: np.ndarray, weights: np.ndarray | None, dy: float) -> np.ndarray:
@@ -43,10 +42,11 @@ class LockstepSlots:
 
     def __init__(self, full: np.ndarray, full_ext: np.ndarray, last_ext: np.ndarray,
                  td: float, interval: int, dp: int):
-        pick = np.linspace(0, len(full) - 1, min(len(full), SAMPLE)).astype(int)
-        self.full = np.asarray(full, float)[pick]
-        self.full_ext = np.asarray(full_ext, float)[pick]
-        self.last = np.asarray(last_ext, float)[pick]
+        # the whole mix: an evenly strided subsample of a session-ordered mix is biased (4,000
+        # of 5,242 AgentX turns put 5% more run chunks in and the step 8% higher)
+        self.full = np.asarray(full, float)
+        self.full_ext = np.asarray(full_ext, float)
+        self.last = np.asarray(last_ext, float)
         self.td, self.interval, self.dp = td, interval, dp
         self.mean_full = float(self.full.mean())
         self.run_w = self.full / max(float(self.full.sum()), 1e-300)

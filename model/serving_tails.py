@@ -229,7 +229,7 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         # are a floor under every admitting step, and only the runs are shots, each as tall as
         # what it adds above the other ranks (their pieces, or their own run: the step takes
         # the max). Unscaled: windows open preferentially inside runs, so the mean TPOT sits
-        # above the mean step. Measured on DSV4 DEP8 at 128 sessions: mean TPOT 52.2 / 29.7 ms
+        # above the mean step. Measured on DSV4 DEP8 at 128 sessions: mean TPOT 49.4 / 29.1 ms
         # at cadence 1 / 8 against 51.9 / 29.7 ms simulated.
         iv = eng.pol.prefill_schedule_interval
         floor_slot, full, h_eff, share_runs = st.slots.run_shots(x, st.tbar)

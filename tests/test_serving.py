@@ -157,8 +157,8 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
     # step of every lock-stepped rank for ~0.7 s per 8K chunk, so P90 interactivity falls below
     # 50 tok/s at a few dozen sessions; with it, the chunks are small and spread (the busiest
     # of the eight ranks' Poisson chunk counts sets each admitting step). Measured 2026-12-02:
-    # P90 ratio 2.41 at the 102 sessions the threshold serves under the SLO; TPGS at equal
-    # concurrency up to +97% (1,024 sessions, the "up to" reading); best TPGS at the SLO +190%
+    # P90 ratio 2.22 at the 102 sessions the threshold serves under the SLO; TPGS at equal
+    # concurrency up to +94% (1,024 sessions, the "up to" reading); best TPGS at the SLO +189%
     # (24 vs 102 sessions meet it).
     from model.parallel import ParallelPlan
     from model.plan import step_model
