@@ -218,7 +218,9 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
     lam = eng.dp * x * st.tbar  # prefill runs started per step, all ranks (lock-step)
     mean_ext = st.tbar - st.td
     scale = mean_ext / max(lam * float(st.ext.mean()), 1e-30) if mean_ext > 0 else 0.0
-    pick = np.linspace(0, len(st.k) - 1, min(len(st.k), 2000)).astype(int)
+    # every run of the mix: a 2,000-run subsample left the threshold-mode TPOT tails to which
+    # rare long runs it caught (agentx-pop64-n16-t512 P99 +33% with it, +2% with all)
+    pick = np.arange(len(st.k))
     # a prefill of k chunks runs on every interval-th step: its extension is spread over
     # k * interval steps, not k (with prefill_schedule_interval 8 that is 8x thinner pulses)
     k = np.maximum(st.k[pick], 1.0) * eng.pol.prefill_schedule_interval
