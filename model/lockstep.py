@@ -25,9 +25,14 @@ import numpy as np
 GRID = 4096
 
 
+def _binned(values: np.ndarray, weights: np.ndarray | None, dy: float) -> np.ndarray:
+    """Mass of `values` (weighted) on the grid k·dy, the top bin holding everything beyond."""
+    return np.bincount(np.minimum(np.round(values / dy).astype(int), GRID - 1), weights,
+                       minlength=GRID)[:GRID]
+
+
 def _cdf(values: np.ndarray, weights: np.ndarray | None, dy: float) -> np.ndarray:
-    pmf = np.bincount(np.minimum(np.round(values / dy).astype(int), GRID - 1), weights,
-                      minlength=GRID)[:GRID]
+    pmf = _binned(values, weights, dy)
     return np.cumsum(pmf) / max(float(pmf.sum()), 1e-300)
 
 
@@ -64,9 +69,7 @@ class LockstepSlots:
         return self._cached
 
     def _piece_transform(self, dy: float) -> np.ndarray:
-        mass = np.bincount(np.minimum(np.round(self.last / dy).astype(int), GRID - 1),
-                           minlength=GRID)[:GRID] / len(self.last)
-        return np.fft.rfft(mass, 2 * GRID) - 1.0
+        return np.fft.rfft(_binned(self.last, None, dy) / len(self.last), 2 * GRID) - 1.0
 
     @staticmethod
     def _packed_cdf(mu: float, piece: np.ndarray) -> np.ndarray:

@@ -55,6 +55,7 @@ from model.serving_tails import (
     QUANTILES,
     _slo_attainment,
     _tpot_quantiles,
+    _ttft_distribution,
     _ttft_quantiles,
 )
 from model.workload import ClosedLoop, Load, RequestMix, TraceArrivals, Workload
@@ -779,9 +780,10 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         x, st, r_run = _admission_capped_rate(eng, x, limit, n_rank)
         admit_wait = max(n_rank / x - float(mix.z.mean()) - r_run - st.wait_mean, 0.0)
 
-    ttft_q, ttft_mean = _ttft_quantiles(st, admit_wait + st.extra)
+    ttft_law = _ttft_distribution(st, admit_wait + st.extra)  # quantiles, backlog, SLO
+    ttft_q, ttft_mean = _ttft_quantiles(st, admit_wait + st.extra, ttft_law)
     tpot_q, dists = _tpot_quantiles(eng, st, x, n_rank if isinstance(load, ClosedLoop)
-                                    else None, admit_wait + st.extra)
+                                    else None, ttft_law)
     x_rep = x * dp
     tpgs = x_rep * float(np.mean(mix.c + mix.o)) / gpus
     out_tps = x_rep * float(mix.o.mean()) / gpus
@@ -790,7 +792,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     names = [f"p{int(q * 100)}" for q in QUANTILES]
     good, attain = None, None
     if slo_p90_interactivity or slo_ttft_s:
-        attain = _slo_attainment(st, admit_wait + st.extra, dists,
+        attain = _slo_attainment(st, ttft_law, dists,
                                  slo_p90_interactivity / eng.q if slo_p90_interactivity
                                  else None, slo_ttft_s)
         good = x_rep * attain

@@ -163,8 +163,8 @@ def _excitation_shape(eta, lam: float, heights, k, win: float) -> float | None:
     return 1.0 / var if var > 0 else None
 
 
-def _ttft_quantiles(st: _State, admit_wait: float):
-    grid, pmf = _ttft_distribution(st, admit_wait)
+def _ttft_quantiles(st: _State, admit_wait: float, law):
+    grid, pmf = law
     mean = float(np.mean(st.ttft_base)) + admit_wait + st.wait_mean * st.wait_scale
     if st.delay is not None:
         mean += float(np.mean(st.delay))
@@ -189,13 +189,12 @@ def _window_bins(w: np.ndarray):
     return np.array(reps), np.array(weights, float)
 
 
-def _fcfs_backlog(st: _State, x: float, admit_wait: float, n_rank: float | None,
-                  points: int = 48):
+def _fcfs_backlog(st: _State, x: float, ttft_law, n_rank: float | None, points: int = 48):
     """FCFS: the prompts queued behind one when its prefill ends, which its decode window then
     sees prefilled: those who arrived on its rank during its sojourn (arrival to first token),
     Poisson of mean x T over the TTFT law (M/G/1: a departure leaves behind the arrivals during
     its sojourn; a closed loop thins it). Returns (means, weights) on `points` TTFT quantiles."""
-    grid, pmf = _ttft_distribution(st, admit_wait)
+    grid, pmf = ttft_law
     cdf = np.cumsum(pmf) / max(float(pmf.sum()), 1e-300)
     qs = (np.arange(points) + 0.5) / points
     t = grid[np.minimum(np.searchsorted(cdf, qs), len(grid) - 1)]
@@ -207,8 +206,7 @@ def _fcfs_backlog(st: _State, x: float, admit_wait: float, n_rank: float | None,
     return means, np.full(points, 1.0 / points)
 
 
-def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None,
-                        admit_wait: float = 0.0):
+def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None, ttft_law):
     """Per window bin: (window, weight, y grid, pmf of the prefill extension Y seen in the
     window, sd of the window-averaged decode-step time). TPOT = T_d + Y / window + noise."""
     w = eng.o1[eng.o1 >= 1]
@@ -219,12 +217,11 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
     mean_ext = st.tbar - st.td
     scale = mean_ext / max(lam * float(st.ext.mean()), 1e-30) if mean_ext > 0 else 0.0
     # every run of the mix: a 2,000-run subsample left the threshold-mode TPOT tails to which
-    # rare long runs it caught (agentx-pop64-n16-t512 P99 +33% with it, +2% with all)
-    pick = np.arange(len(st.k))
-    # a prefill of k chunks runs on every interval-th step: its extension is spread over
+    # rare long runs it caught (agentx-pop64-n16-t512 P99 +33% with it, +2% with all).
+    # A prefill of k chunks runs on every interval-th step: its extension is spread over
     # k * interval steps, not k (with prefill_schedule_interval 8 that is 8x thinner pulses)
-    k = np.maximum(st.k[pick], 1.0) * eng.pol.prefill_schedule_interval
-    heights = scale * st.ext[pick] / k
+    k = np.maximum(st.k, 1.0) * eng.pol.prefill_schedule_interval
+    heights = scale * st.ext / k
     floor = 0.0
     if st.slots is not None:
         # FCFS on lock-stepped ranks (model.lockstep): the short prompts packed on every rank
@@ -270,7 +267,7 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
     backlog = None
     if not np.isfinite(eng.pol.chunk_cap):
         bias = bias * (1.0 - 1.0 / eng.dp)
-        backlog = _fcfs_backlog(st, x, admit_wait, n_rank)
+        backlog = _fcfs_backlog(st, x, ttft_law, n_rank)
     out = []
     for win, weight, vb in zip(reps, weights, var_b, strict=True):
         mean_y = lam * win * float((heights * k).mean())
@@ -314,8 +311,8 @@ def _tpot_cdf(st: _State, dists, grid: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.clip(cdf, 0.0, 1.0))
 
 
-def _tpot_quantiles(eng, st, x, n_rank, admit_wait: float = 0.0):
-    dists = _tpot_distributions(eng, st, x, n_rank, admit_wait)
+def _tpot_quantiles(eng, st, x, n_rank, ttft_law):
+    dists = _tpot_distributions(eng, st, x, n_rank, ttft_law)
     if not dists:
         return np.full(len(QUANTILES), st.tbar), dists
     hi = max(st.td + float(y[-1]) / win for win, _, y, _, _ in dists)
@@ -328,11 +325,11 @@ def _tpot_quantiles(eng, st, x, n_rank, admit_wait: float = 0.0):
         dists
 
 
-def _slo_attainment(st, admit_wait, dists, slo_inter, slo_ttft) -> float:
+def _slo_attainment(st, ttft_law, dists, slo_inter, slo_ttft) -> float:
     ok = 1.0
     if slo_inter and dists:
         ok *= float(_tpot_cdf(st, dists, np.array([1.0 / slo_inter]))[0])
     if slo_ttft:
-        grid, pmf = _ttft_distribution(st, admit_wait)
+        grid, pmf = ttft_law
         ok *= float(np.sum(pmf[grid <= slo_ttft]))
     return ok
