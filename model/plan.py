@@ -575,11 +575,11 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     `verify`: re-evaluate the best aggregated candidate with model.serving.serve (engineer E's
     full closed form, per replica) and report both in `serving_check` (~1-2 s)."""
     started = time.perf_counter()
+    a, hw, w = _load(arch, hardware, workload)
     if recipe:
         from model.recipes import recipe_settings
 
-        precision, kv_dtype, recipe_spec = recipe_settings(
-            arch if isinstance(arch, str) else getattr(arch, "name", ""), precision, kv_dtype)
+        precision, kv_dtype, recipe_spec = recipe_settings(a.name, precision, kv_dtype, hw=hw)
         if spec_tokens is None and recipe_spec is not None:
             spec_tokens, acceptance_length, spec_method = recipe_spec
     spec = spec_setting(spec_tokens, acceptance_length, spec_method)
@@ -591,9 +591,11 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     for m in modes:
         if m not in MODES:
             raise ServecastError(f"mode {m!r}: allowed {', '.join(MODES)}")
-    a, hw, w = _load(arch, hardware, workload)
     traffic = traffic or traffic_for(w, hit_rate)
-    kv_per_token = _kv_bytes_per_token(a, kv_dtype)
+    from model.step import with_precision
+
+    served = with_precision(a, precision)  # weights and index-key cache as served
+    kv_per_token = _kv_bytes_per_token(served, kv_dtype)
     thresholds = THRESHOLDS if long_prefill_token_threshold is None else (
         int(long_prefill_token_threshold),)
     if concurrency is None:
@@ -601,12 +603,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     chunk = max_num_batched_tokens
     cache = CacheSetup(cache_policy, tuple(cache_tiers))
     _check_cache(cache)
-    if finite_cache and hit_rate is None:
-        from model.step import with_precision
-
-        cache_inputs = (with_precision(a, precision), kv_dtype, w, cache)
-    else:
-        cache_inputs = None
+    cache_inputs = (served, kv_dtype, w, cache) if finite_cache and hit_rate is None else None
     frames, sat = [], pd.DataFrame()
     models_by_id: dict[int, _PlanModel] = {}
     if "aggregated" in modes:
@@ -674,7 +671,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
                       traffic=traffic,
                       assumptions=_assumptions(traffic, cost)
                       + _deployment_assumptions(a.name if recipe else "", precision, kv_dtype,
-                                                spec, cache, cache_inputs is not None, best),
+                                                spec, cache, cache_inputs is not None, best, hw),
                       search_seconds=elapsed)
 
 
@@ -775,12 +772,12 @@ def _assumptions(traffic: Traffic, cost: CostSummary) -> list[str]:
 
 
 def _deployment_assumptions(arch_name, precision, kv_dtype, spec, cache: CacheSetup,
-                            finite: bool, best: pd.Series) -> list[str]:
+                            finite: bool, best: pd.Series, hw=None) -> list[str]:
     from model.recipes import recipe_for
 
     r = recipe_for(arch_name) if arch_name else None
     out = [f"served weights {precision or 'as checkpoint'}, KV cache {kv_dtype or 'arch default'}"
-           + (f" ({r.assumptions()})" if r else " (no deployment recipe)"),
+           + (f" ({r.assumptions(hw)})" if r else " (no deployment recipe)"),
            "speculative decoding " + (f"{spec[2]} {spec[0]} tokens, acceptance length "
                                       f"{spec[1]:g} tokens per step" if spec[0] else "off")]
     if finite:
@@ -837,7 +834,7 @@ def step_model(arch, hardware, plan: ParallelPlan, precision=None, kv_dtype=None
     from model.step import build_step_model
 
     a, hw, _ = _load(arch, hardware, None)
-    precision, kv_dtype, spec = recipe_settings(a.name, precision, kv_dtype, speculative)
+    precision, kv_dtype, spec = recipe_settings(a.name, precision, kv_dtype, speculative, hw)
     spec = spec or SPEC_OFF
     return build_step_model(a, hw, plan, precision=precision, kv_dtype=kv_dtype,
                             spec_tokens=spec[0], acceptance_length=spec[1], spec_method=spec[2])
@@ -948,7 +945,8 @@ def dep_vs_tp_decode(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int =
     from model.step import build_step_model
 
     a, hw, _ = _load(arch, hardware, None)
-    precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False)
+    precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False,
+                                             hw=hw)
 
     ep = gpus if any(ly.mlp.experts is not None for ly in a.layers) else 1  # dense: DP vs TP
     tp = build_step_model(a, hw, ParallelPlan(tp=gpus, ep=ep), precision=precision,

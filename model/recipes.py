@@ -17,6 +17,18 @@ from model.specio import load_yaml
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "data" / "deployments"
 
 
+class Fp4Variant(BaseModel):
+    """How the family is served on chips with native FP4 tensor cores (a hardware spec's
+    `fp4_formats` lists `format`): another checkpoint, quantized in part (model.precision)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["nvfp4", "mxfp4"]
+    checkpoint: str
+    precision: str
+    source: str
+
+
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -31,6 +43,7 @@ class Recipe(BaseModel):
     # measured mean tokens per verification step (1 + accepted drafts), <= 1 + spec_tokens
     acceptance_length: float = Field(1.0, ge=1.0, le=17.0)
     spec_source: str
+    fp4: Fp4Variant | None = None
     date: str
 
     @model_validator(mode="after")
@@ -48,11 +61,21 @@ class Recipe(BaseModel):
         return (self.spec_tokens, self.acceptance_length if self.spec_tokens else 0.0,
                 self.spec_method if self.spec_tokens else "mtp")
 
-    def assumptions(self) -> str:
+    def precision_on(self, hw) -> str | None:
+        """The served precision on chip `hw` (None: unknown chip, the default recipe)."""
+        formats = tuple(getattr(hw, "fp4_formats", ()) or ())
+        if self.fp4 is not None and self.fp4.format in formats:
+            return self.fp4.precision
+        return self.precision
+
+    def assumptions(self, hw=None) -> str:
         spec = "off" if self.spec_tokens == 0 else (
             f"{self.spec_method} {self.spec_tokens} tokens, acceptance length "
             f"{self.acceptance_length:g}")
-        return (f"recipe {self.family}: weights {self.precision or 'as checkpoint'}, KV "
+        precision = self.precision_on(hw)
+        if self.fp4 is not None and precision == self.fp4.precision:
+            precision = f"{precision} ({self.fp4.checkpoint} on {self.fp4.format} chips)"
+        return (f"recipe {self.family}: weights {precision or 'as checkpoint'}, KV "
                 f"{self.kv_dtype or 'checkpoint dtype'}, speculative decoding {spec} "
                 f"(data/deployments/{self.family}.yaml)")
 
@@ -84,13 +107,15 @@ SPEC_OFF = (0, 0.0, "mtp")  # (draft tokens, acceptance length, method): no spec
 
 
 def recipe_settings(arch_name: str, precision: str | None = None, kv_dtype: str | None = None,
-                    speculative: bool = True) -> tuple[str | None, str | None, tuple | None]:
-    """(precision, KV dtype, speculative setting) with the unset ones from the family's recipe;
-    the speculative setting is the recipe's (SPEC_OFF without `speculative`), None when the
-    family has no recipe."""
+                    speculative: bool = True, hw=None
+                    ) -> tuple[str | None, str | None, tuple | None]:
+    """(precision, KV dtype, speculative setting) with the unset ones from the family's recipe
+    as served on chip `hw` (its FP4 variant where the chip has the format); the speculative
+    setting is the recipe's (SPEC_OFF without `speculative`), None when the family has no
+    recipe."""
     r = recipe_for(arch_name) if arch_name else None
     if r is None:
         return precision, kv_dtype, None
-    return (precision if precision is not None else r.precision,
+    return (precision if precision is not None else r.precision_on(hw),
             kv_dtype if kv_dtype is not None else r.kv_dtype,
             r.spec if speculative else SPEC_OFF)

@@ -23,7 +23,7 @@ import numpy as np
 
 from model.dtypes import dtype as lookup_dtype
 from model.errors import Infeasible, ServecastError
-from model.layers import Architecture, Experts, Layer, Linear
+from model.layers import Architecture, Layer
 from model.ops import Step, grouped_layers, model_ops
 from model.parallel import (
     ParallelPlan,
@@ -35,6 +35,7 @@ from model.parallel import (
     validate_plan,
     weight_bytes_per_gpu,
 )
+from model.precision import with_precision  # noqa: F401 - re-export
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM default --gpu-memory-utilization
@@ -118,32 +119,7 @@ def _stored_factors(backend: str, system: str | None = None) -> EngineFactors:
     return load_factors(backend, system)
 
 
-# ---- precision -----------------------------------------------------------------------------------
-_KEEP_BF16 = ("router", "gate_router", "indexer", "compressor", "hc_")
-
-
-def with_precision(arch: Architecture, precision: str | None,
-                   moe_precision: str | None = None) -> Architecture:
-    """Re-type the GEMM weights (projections and experts) to `precision` (e.g. fp8, nvfp4);
-    routers and other small side paths keep their dtype, as vLLM's quantized checkpoints do."""
-    if not precision and not moe_precision:
-        return arch
-    moe_precision = moe_precision or precision
-    for name in (precision, moe_precision):
-        lookup_dtype(name)
-    precision = precision or arch.weight_dtype
-
-    def lin(x: Linear) -> Linear:
-        return x if any(k in x.name for k in _KEEP_BF16) else replace(x, dtype=precision)
-
-    def layer(ly: Layer) -> Layer:
-        att = replace(ly.attention, projections=tuple(lin(p) for p in ly.attention.projections))
-        ex = ly.mlp.experts
-        mlp = replace(ly.mlp, projections=tuple(lin(p) for p in ly.mlp.projections),
-                      experts=replace(ex, dtype=moe_precision) if isinstance(ex, Experts) else None)
-        return replace(ly, attention=att, mlp=mlp)
-
-    return replace(arch, layers=tuple(layer(ly) for ly in arch.layers), weight_dtype=precision)
+# ---- precision: model.precision (re-exported: callers import it from here) ----------------------
 
 
 # ---- the step model ------------------------------------------------------------------------------

@@ -42,18 +42,23 @@ def test_reload_command(cli):
 
 
 def test_memory_serves_the_family_recipe(cli):
-    # MiniMax M3 on the post's 2 B300: the BF16 checkpoint (426 GB per GPU at TP2) does not fit,
-    # the recipe's MXFP8 weights do (data/deployments/minimax-m3.yaml): 221.0 GB per GPU, the
-    # same weight bytes as plan's step model, leaving a KV pool of usable - weights -
-    # activations - reserve (~34.9 GB per GPU).
+    # MiniMax M3 on the post's 2 B300: the recipe serves NVIDIA's experts-only NVFP4 export on
+    # NVFP4 chips (data/deployments/minimax-m3.yaml, InferenceX b300-fp4-mtp): 253.8 GB of
+    # weights (about 256 GB on disk, tests/test_precision.py) plus the EAGLE-3 draft, 127.0 GB
+    # per GPU at TP2, the same weight bytes as plan's step model, leaving a KV pool of usable -
+    # weights - activations - reserve (~129 GB per GPU). The MXFP8 checkpoint (H200's recipe)
+    # weighs 221.0 GB per GPU.
     out = cli("memory", "--arch", "minimax-m3", "--hardware", "b300", "--tp", "2", "--ep", "2",
               "--json")
     assert out.code == 0, out.stderr
     d = out.json
-    assert d["precision"] == "mxfp8" and d["kv_dtype"] == "fp8"
-    assert d["weight_bytes"] / 1e9 == pytest.approx(221.0, abs=0.1)
+    assert d["precision"] == "experts=nvfp4,indexer_cache=fp8" and d["kv_dtype"] == "fp8"
+    assert d["weight_bytes"] / 1e9 == pytest.approx(127.0, abs=0.1)
     assert d["kv_pool_bytes"] == pytest.approx(
         d["usable_bytes"] - d["weight_bytes"] - d["activation_bytes"] - d["reserve_bytes"])
+    mx = cli("memory", "--arch", "minimax-m3", "--hardware", "b300", "--tp", "2", "--ep", "2",
+             "--precision", "mxfp8", "--json")
+    assert mx.code == 0 and mx.json["weight_bytes"] / 1e9 == pytest.approx(221.0, abs=0.1)
     bf16 = cli("memory", "--arch", "minimax-m3", "--hardware", "b300", "--tp", "2", "--ep", "2",
                "--precision", "bf16", "--json")
     assert bf16.code == 2 and "exceed" in bf16.stderr and "Traceback" not in bf16.stderr

@@ -8,10 +8,12 @@ What the model says about each row (the issue asks for 25%; the closing note giv
   concurrency; the post's deployment shape (one DEP4 prefill tray, one DEP8 decode pair of trays)
   too. The search prefers the mirror split (8 prefill : 4 decode GPUs): with MTP (acceptance
   length 2.49) four decode GPUs keep up with eight prefill GPUs at 50 tok/s.
-- MiniMax M3 on 2 B300, 70K: aggregated TP2, under by ~32%: 442 GB of MXFP8 weights leave a KV
-  pool for a handful of v1.0's long contexts decoding at once (the limit), while the post serves
-  24 sessions at 74 tok/s. The pool is the small difference of two large numbers (90% of HBM
-  minus the weights): 5% on either moves it by ~40%.
+- MiniMax M3 on 2 B300, 70K at 24 sessions: InferenceX's AgentX recipe for this very point (TP2,
+  24 sessions) serves NVIDIA's experts-only NVFP4 export with an FP8 index-key cache, so the KV
+  pool is ~129 GB per GPU, not the ~35 GB MXFP8 would leave. At the post's 24 sessions: within
+  25% (-15%), but the model's P90 interactivity there is ~1.5x the post's 74 tok/s, so the free
+  search runs on to ~60 sessions and over-predicts ~1.6x (the same recipe ran 32 and 40 sessions
+  on TP2, and the post kept 24: the real engine slows faster with the batch than the model).
 - Kimi K3 on 16 GB300, 11.8K at 48 sessions: the best aggregated deployment uses DCP, as the post
   says, at 60 sessions and ~1.2x its TPGS (at the post's 48: +6%, P90 61 vs 62.7 tok/s); the
   disaggregated search holds more lanes in a prefill queue (the SLO leaves TTFT free) and
@@ -36,9 +38,15 @@ def test_recipes_are_sourced_and_match_the_checkpoints():
     assert recipe_for("deepseek-v4-pro").spec == (3, 2.49, "mtp")
     assert recipe_for("minimax-m3").spec == (3, 2.83, "eagle3")
     assert recipe_for("kimi-k3").spec == (7, 3.78, "dspark")
-    # MiniMax M3: MXFP8 checkpoint (BF16's 852 GB cannot fit 2 x B300); FP8 GQA cache.
+    # MiniMax M3: MXFP8 checkpoint (BF16's 852 GB cannot fit 2 x B300), FP8 GQA cache; on
+    # NVFP4 chips NVIDIA's experts-only NVFP4 export with an FP8 index-key cache (InferenceX
+    # minimaxm3 b300-fp4-mtp and h200-fp8-mtp AgentX recipes).
+    from model.hardware import load_hardware
+
     m3 = recipe_for("minimax-m3")
     assert (m3.precision, m3.kv_dtype) == ("mxfp8", "fp8")
+    assert m3.precision_on(load_hardware("b300")) == "experts=nvfp4,indexer_cache=fp8"
+    assert m3.precision_on(load_hardware("h200-sxm")) == "mxfp8"
     # DeepSeek V4: vLLM blog 2026-04-24 --kv-cache-dtype fp8 (+ fp4 indexer, the arch default)
     assert recipe_for("deepseek-v4-pro").kv_dtype == "fp8"
     assert recipe_for("qwen3-32b") is None
@@ -88,17 +96,24 @@ def test_deepseek_v4_pro_on_12_gb300_row():
 
 @pytest.mark.slow
 def test_minimax_m3_on_2_b300_row():
-    r = plan("minimax-m3", "b300", 2, WORKLOAD, SLO)
-    # the known miss: ~32% under (module docstring), KV capacity the limit
-    assert r.best["tpgs"] == pytest.approx(ROW["minimax-m3"]["tpgs"], rel=0.35)
-    assert r.best["mode"] == "aggregated" and r.best["gpus"] == 2
-    assert r.best["limit"] == "kv_capacity"
-    # 2 x 268.6 GiB usable at vLLM's 90% cap minus 221 GB of MXFP8 weights per GPU leaves
-    # ~36 GB of pool per GPU: a handful of v1.0's long sessions decode at once
-    assert r.best["decode_batch"] < 10
-    # BF16 K/V (137 KB/token): about half the sessions fit, lower throughput still
-    bf16 = plan("minimax-m3", "b300", 2, WORKLOAD, SLO, kv_dtype="bf16")
-    assert bf16.best["tpgs"] < r.best["tpgs"]
+    post = ROW["minimax-m3"]
+    # at the post's 24 sessions (seed 000 table: 70K TPGS at P90 74.2 tok/s): within 25%,
+    # aggregated on the two GPUs, the lanes the limit (the NVFP4 pool holds every session)
+    at_post = plan("minimax-m3", "b300", 2, WORKLOAD, SLO, concurrency=[post["concurrency"]])
+    assert at_post.best["tpgs"] == pytest.approx(post["tpgs"], rel=0.25)
+    assert at_post.best["mode"] == "aggregated" and at_post.best["gpus"] == 2
+    assert at_post.best["limit"] == "lanes"
+    # the known miss (module docstring): interactivity at 24 sessions ~1.5x the post's, so the
+    # free search serves ~1.6x the post's TPGS at more sessions
+    assert at_post.best["p90_interactivity_tok_s"] > 1.3 * post["p90_interactivity_tok_s"]
+    free = plan("minimax-m3", "b300", 2, WORKLOAD, SLO)
+    assert 1.25 < free.best["tpgs"] / post["tpgs"] < 2.0
+    assert free.best["concurrency"] > 2 * post["concurrency"]
+    # served as MXFP8 (the H200 recipe's checkpoint), 221 GB of weights per GPU leave a KV pool
+    # for a handful of v1.0's long contexts: KV capacity binds, far lower throughput
+    mx = plan("minimax-m3", "b300", 2, WORKLOAD, SLO, precision="mxfp8")
+    assert mx.best["limit"] == "kv_capacity" and mx.best["decode_batch"] < 10
+    assert mx.best["tpgs"] < 0.6 * free.best["tpgs"]
 
 
 @pytest.mark.slow

@@ -119,7 +119,8 @@ def register(app: typer.Typer) -> None:
         from model.tiers import tier_capacity_tokens
 
         a, hw = load_architecture(arch), load_hardware(hardware)
-        precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False)
+        precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False,
+                                                 hw=hw)
         a = with_precision(a, precision)
         plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, dcp=dcp)
         budget = hbm_budget(a, hw, plan, kv_dtype=kv_dtype,

@@ -34,7 +34,10 @@ def register(app: typer.Typer) -> None:
         prefill_hardware: str | None = typer.Option(None, "--prefill-hardware",
                                                     help="A different chip for prefill workers."),
         precision: str | None = typer.Option(None, "--precision", help="Serve the weights in "
-                                             "this format (the checkpoint's, e.g. fp8, mxfp8)."),
+                                             "this format (fp8, mxfp8, ...) or a part=format "
+                                             "scheme such as experts=nvfp4,indexer_cache=fp8 "
+                                             "(model.precision); the family's recipe when "
+                                             "omitted."),
         kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (e.g. fp8, "
                                             "bf16); the family's recipe when omitted."),
         cache_policy: str = typer.Option("lru", "--cache-policy",
