@@ -280,7 +280,9 @@ def serving_check(cands: pd.DataFrame, models_by_id, workload, slo: float,
                        "p90_interactivity_tok_s": float(b["p90_interactivity_tok_s"]),
                        "p90_ttft_s": float(b["p90_ttft_s"]), "hit_rate": float(b["hit_rate"])},
             "serving": {"tpgs": _num(res.tpgs), "p90_interactivity_tok_s": _num(p90),
-                        "p90_ttft_s": _num(ttft), "hit_rate": _num(res.hit_rate)},
+                        "p90_ttft_s": _num(ttft), "hit_rate": _num(res.hit_rate),
+                        "p90_e2e_interactivity_tok_s":
+                            _num((res.e2e_interactivity_tok_s or {}).get("p90"))},
             "tpgs_rel_diff": (float(b["tpgs"]) / res.tpgs - 1) if res.tpgs else None,
             # the search pipelines pp microbatches (vLLM's virtual engines); serve() runs one
             # batch through all stages per step, so PP plans differ for that reason

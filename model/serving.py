@@ -53,6 +53,7 @@ from model.queueing import expected_max_poisson, kingman_wait_s, mg1_wait_pmf
 from model.serving_cache import CacheEffect
 from model.serving_tails import (
     QUANTILES,
+    _e2e_interactivity,
     _slo_attainment,
     _tpot_quantiles,
     _ttft_distribution,
@@ -114,6 +115,8 @@ class ServingResult:
     policy: dict = field(default_factory=dict)
     cache: dict | None = None  # the cache model behind hit_rate (None: profile / override)
     mean_reload_s: float = 0.0  # mean lower-tier KV reload each request waits (in TTFT)
+    # InferenceX AgentX's E2E normalized interactivity: pXX = 1 / pXX of E2EL / OSL (TTFT counts)
+    e2e_interactivity_tok_s: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -784,6 +787,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     ttft_q, ttft_mean = _ttft_quantiles(st, admit_wait + st.extra, ttft_law)
     tpot_q, dists = _tpot_quantiles(eng, st, x, n_rank if isinstance(load, ClosedLoop)
                                     else None, ttft_law)
+    e2e_q = _e2e_interactivity(st, ttft_law, dists, eng.q)
     x_rep = x * dp
     tpgs = x_rep * float(np.mean(mix.c + mix.o)) / gpus
     out_tps = x_rep * float(mix.o.mean()) / gpus
@@ -806,7 +810,8 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         concurrency=float(concurrency), decode_batch_per_rank=float(st.b),
         prefill_step_share=float(st.share), hit_rate=float(hit), bounded_by=bounded,
         goodput_requests_per_s=good, slo_attainment=attain, policy=policy.as_dict(),
-        cache=cache.summary() if cache else None, mean_reload_s=eng.mean_delay)
+        cache=cache.summary() if cache else None, mean_reload_s=eng.mean_delay,
+        e2e_interactivity_tok_s={n: float(v) for n, v in zip(names, e2e_q, strict=True)})
 
 
 def _live_sessions(workload: Workload, load: Load, seed: int) -> float:

@@ -164,6 +164,8 @@ def agreement(scenario: Scenario | str, sim_s: float | None = None) -> dict[str,
     for metric in ("ttft_s", "tpot_s"):
         for q in ("p50", "p90", "p99"):
             out[f"{metric[:4]}_{q}"] = getattr(cf, metric)[q] / sim[metric][q] - 1.0
+    # InferenceX's E2E normalized interactivity (1 / P90 of E2EL / OSL): TTFT and TPOT together
+    out["e2e_p90"] = cf.e2e_interactivity_tok_s["p90"] / sim["e2e_interactivity_tok_s"]["p90"] - 1.0
     out["tpgs"] = cf.tpgs / sim["tpgs"] - 1.0
     return out
 
@@ -212,7 +214,9 @@ def write_report(names=None) -> str:
         f"{datetime.date.today().isoformat()}: percent difference closed form / simulation - 1 "
         "(model.serving.serve vs model.simulate, same step model, policy and traffic).",
         "Scenario names: n = closed-loop sessions, t = long_prefill_token_threshold, iv = "
-        "prefill_schedule_interval; dsv4-dep8 = DeepSeek V4 Pro DP8+EP8 on B300 (recipe, MTP).",
+        "prefill_schedule_interval; dsv4-dep8 = DeepSeek V4 Pro DP8+EP8 on B300 (recipe, MTP). "
+        "`e2e_p90`: InferenceX AgentX's E2E normalized interactivity at P90, 1 / P90 of "
+        "E2EL / OSL (a rate: positive = the closed form is faster).",
         "",
         "Reading it: fixed-length rows test the queueing and batching formulas alone; `agentx-*` "
         "rows draw fresh synthetic sessions on each side, so a few dozen heavy-tailed sessions "

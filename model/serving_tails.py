@@ -333,3 +333,35 @@ def _slo_attainment(st, ttft_law, dists, slo_inter, slo_ttft) -> float:
         grid, pmf = ttft_law
         ok *= float(np.sum(pmf[grid <= slo_ttft]))
     return ok
+
+
+def _e2e_interactivity(st: _State, ttft_law, dists, q: float) -> np.ndarray:
+    """Quantiles of InferenceX AgentX's "E2E normalized interactivity", 1 / pXX of E2EL / OSL
+    (its North Star metric: TTFT counts, spread over the request's output), where E2EL = TTFT +
+    window x decode step and OSL = window x q + 1 per window bin; TTFT independent of the
+    window's steps. Returned in tok/s, in QUANTILES order (P90 = the rate 90% of requests get)."""
+    if not dists:
+        return np.full(len(QUANTILES), np.nan)
+    t_val, t_p = (np.asarray(a, float) for a in ttft_law)
+    keep = t_p > 0
+    t_val, t_p = t_val[keep], t_p[keep] / t_p[keep].sum()
+    parts = []
+    for win, weight, y, pmf, _ in dists:
+        # E2EL = TTFT + win * td + Y on a grid fine enough for both laws
+        h = max(float(y[1] - y[0]) if len(y) > 1 else 0.0, float(t_val.max()) / 2**15, 1e-9)
+        lo_y = float(y[0])
+        n_t = int(t_val.max() / h) + 2
+        n_y = int((float(y[-1]) - lo_y) / h) + 2
+        a = np.bincount((t_val / h).astype(int), t_p, minlength=n_t)
+        b = np.bincount(((np.asarray(y) - lo_y) / h).astype(int), pmf / pmf.sum(), minlength=n_y)
+        n = n_t + n_y
+        z = np.maximum(np.fft.irfft(np.fft.rfft(a, n) * np.fft.rfft(b, n), n), 0.0)
+        grid = (np.arange(n) + 0.5) * h + lo_y + win * st.td
+        parts.append((grid / (win * q + 1.0), np.cumsum(z) / z.sum(), weight))
+    total = sum(w for _, _, w in parts)
+    lo = max(min(float(g[0]) for g, _, _ in parts), 1e-9)
+    hi = max(float(g[-1]) for g, _, _ in parts)
+    grid = np.geomspace(lo, hi, 8001)
+    cdf = sum(w / total * np.interp(grid, g, c, left=0.0, right=1.0) for g, c, w in parts)
+    r = np.array([grid[min(np.searchsorted(cdf, qq), len(grid) - 1)] for qq in QUANTILES])
+    return 1.0 / r

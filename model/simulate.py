@@ -32,6 +32,7 @@ class SimResult:
     ttft_s: np.ndarray
     tpot_s: np.ndarray  # requests with at least 2 output tokens
     e2e_s: np.ndarray
+    e2e_output_tokens: np.ndarray  # output tokens of the requests in e2e_s (same order)
     context_tokens: np.ndarray
     uncached_tokens: np.ndarray
     output_tokens: np.ndarray
@@ -67,6 +68,9 @@ class SimResult:
                 "interactivity_tok_s": {k: 1.0 / v for k, v in
                                         self.percentiles(self.tpot_s).items()},
                 "mean_interactivity_tok_s": float(inter.mean()) if len(inter) else float("nan"),
+                # InferenceX AgentX's "E2E normalized interactivity": 1 / pXX of E2EL / OSL
+                "e2e_interactivity_tok_s": {k: 1.0 / v for k, v in self.percentiles(
+                    self.e2e_s / np.maximum(self.e2e_output_tokens, 1.0)).items()},
                 "tpgs": self.total_tokens_per_s_per_gpu,
                 "output_tokens_per_s_per_gpu": self.output_tokens_per_s_per_gpu,
                 "completed": self.completed, "steps": self.steps,
@@ -296,6 +300,7 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     step_s = np.repeat(np.asarray(steps_dt)[keep], reps)
     return SimResult(
         ttft_s=ttft, tpot_s=tpot, e2e_s=finish[sel] - arrival[sel],
+        e2e_output_tokens=reqs.out[:n][sel].astype(float),
         context_tokens=reqs.ctx[:n][done_in], uncached_tokens=reqs.unc[:n][done_in],
         output_tokens=reqs.out[:n][done_in], step_s=step_s,
         step_decodes=np.repeat(np.asarray(steps_dec, float)[keep], reps),
