@@ -62,6 +62,8 @@ class Deployment:
     long_prefill_token_threshold: int = 0  # 0 = off (vLLM)
     prefill_schedule_interval: int = 1
     kv_connector: str = "NixlConnector"
+    # the serving format (model.launch.ServingFormat): checkpoint, KV dtype, speculative decoding
+    serving: object | None = field(default=None, compare=False, hash=False)
     extras: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:

@@ -25,7 +25,7 @@ Documented assumptions (the same for every model and chip, no per-row factors):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -655,6 +655,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     best = best_under_slo(cands, slo_p90_interactivity, slo_p90_ttft_s)
     deployment = _deployment(best, models_by_id, a.name, max_num_batched_tokens,
                              prefill_hardware or _hw_name(hw))
+    deployment = replace(deployment, serving=serving_format(a.name if recipe else "", hw,
+                                                            precision, kv_dtype, spec))
     shares = gpu_time_shares(best, models_by_id, traffic)
     cost = _cost(best, deployment, hw, prefill_hardware, a, traffic, api_model, cost_basis, shares)
     from model.launch import launch_commands
@@ -690,6 +692,25 @@ def spec_setting(tokens: int | None, acceptance_length: float | None,
         raise ServecastError(f"speculative decoding: acceptance_length {al:g} must be in "
                              f"[1, 1 + spec_tokens = {1 + k}]")
     return (k, al if k else 0.0, m)
+
+
+def serving_format(arch_name: str, hw, precision, kv_dtype, spec):
+    """The launch lines' serving format: the recipe's checkpoint on this chip (when `precision`
+    is its variant's), KV and index-key cache dtypes, speculative decoding with the recipe's
+    draft checkpoint when the method is the recipe's."""
+    from model.launch import ServingFormat
+    from model.precision import parse_precision
+    from model.recipes import recipe_for
+
+    r = recipe_for(arch_name) if arch_name else None
+    checkpoint = r.checkpoint_on(hw) if r is not None and precision == r.precision_on(hw) \
+        else None
+    k, _, method = spec
+    draft = r.spec_draft_model if r is not None and method == r.spec_method else None
+    return ServingFormat(checkpoint=checkpoint, kv_dtype=kv_dtype,
+                         indexer_kv_dtype=parse_precision(precision).get("indexer_cache"),
+                         spec_method=method if k else "none", spec_tokens=int(k),
+                         draft_model=draft, extra_vllm=r.vllm_args if r is not None else ())
 
 
 def _deployment(best: pd.Series, models_by_id, arch_name: str, budget_tokens: int,

@@ -43,6 +43,8 @@ class Recipe(BaseModel):
     # measured mean tokens per verification step (1 + accepted drafts), <= 1 + spec_tokens
     acceptance_length: float = Field(1.0, ge=1.0, le=17.0)
     spec_source: str
+    spec_draft_model: str | None = None  # external draft checkpoint (eagle3, dspark)
+    vllm_args: tuple[str, ...] = ()  # further sourced `vllm serve` flags of the format
     fp4: Fp4Variant | None = None
     date: str
 
@@ -60,6 +62,12 @@ class Recipe(BaseModel):
         """(draft tokens, acceptance length, method) as the step model takes them."""
         return (self.spec_tokens, self.acceptance_length if self.spec_tokens else 0.0,
                 self.spec_method if self.spec_tokens else "mtp")
+
+    def checkpoint_on(self, hw) -> str | None:
+        """The checkpoint served on chip `hw` when it is not the architecture's own (None)."""
+        if self.fp4 is not None and self.precision_on(hw) == self.fp4.precision:
+            return self.fp4.checkpoint
+        return None
 
     def precision_on(self, hw) -> str | None:
         """The served precision on chip `hw` (None: unknown chip, the default recipe)."""

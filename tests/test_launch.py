@@ -47,3 +47,35 @@ def test_disaggregated_commands_have_connector_roles():
     sg_pre, sg_dec = _lines(cmds["sglang"])
     assert "--disaggregation-mode prefill" in sg_pre and "--disaggregation-mode decode" in sg_dec
     assert "--dp-size 2 --enable-dp-attention" in sg_pre and "--tp-size 8" in sg_pre
+
+
+def test_serving_format_flags_follow_the_recipe():
+    # MiniMax M3 on B300: InferenceX's b300-fp4-mtp AgentX recipe serves hf:nvidia/MiniMax-M3-NVFP4
+    # with kv-cache-dtype fp8, attention-config {"indexer_kv_dtype":"fp8"} and three EAGLE3
+    # draft tokens (data/deployments/minimax-m3.yaml); on H200 the MXFP8 checkpoint is the
+    # architecture's own, MiniMaxAI/MiniMax-M3 (launch names the model, the precision the format).
+    from model.hardware import load_hardware
+    from model.plan import serving_format
+
+    fmt = serving_format("minimax-m3", load_hardware("b300"),
+                         "experts=nvfp4,indexer_cache=fp8", "fp8", (3, 2.83, "eagle3"))
+    dep = Deployment(mode="aggregated", arch="minimax-m3", concurrency=24,
+                     replica=PhaseConfig("b300", ParallelPlan(tp=2), 1), serving=fmt)
+    (line,) = _lines(launch_commands(dep)["vllm"])
+    assert line.startswith("vllm serve nvidia/MiniMax-M3-NVFP4 ")
+    assert "--kv-cache-dtype fp8" in line
+    assert """'{"indexer_kv_dtype":"fp8"}'""" in line
+    assert """'{"method":"eagle3","num_speculative_tokens":3,"model":"Inferact/MiniMax-M3-EAGLE3"}'""" in line
+    h200 = serving_format("minimax-m3", load_hardware("h200-sxm"), "mxfp8", "fp8",
+                          (3, 2.83, "eagle3"))
+    assert h200.checkpoint is None and h200.indexer_kv_dtype is None
+    # DeepSeek V4 (vLLM blog 2026-04-24): fp8 KV, the FP4 indexer cache, MTP drafts from the
+    # checkpoint (no draft model)
+    v4 = serving_format("deepseek-v4-pro", load_hardware("b300"), None, "fp8", (3, 2.49, "mtp"))
+    flags = v4.vllm_flags()
+    assert flags[:2] == ["--attention-config", '{"use_fp4_indexer_cache":true}']
+    assert '{"method":"mtp","num_speculative_tokens":3}' in flags
+    # SGLang: a method without an equivalent is a note, never an invented flag
+    kimi = serving_format("kimi-k3", load_hardware("gb300-nvl72"), None, "fp8", (7, 3.78, "dspark"))
+    sg_flags, notes = kimi.sglang_flags()
+    assert "--speculative-algorithm" not in sg_flags and any("dspark" in n for n in notes)
