@@ -345,10 +345,13 @@ def _e2e_interactivity(st: _State, ttft_law, dists, q: float) -> np.ndarray:
     t_val, t_p = (np.asarray(a, float) for a in ttft_law)
     keep = t_p > 0
     t_val, t_p = t_val[keep], t_p[keep] / t_p[keep].sum()
+    # the TTFT grid runs far past its mass (headroom for the wait): clip at 1 - 1e-7
+    t_hi = float(t_val[min(np.searchsorted(np.cumsum(t_p), 1.0 - 1e-7), len(t_val) - 1)])
+    t_val = np.minimum(t_val, t_hi)
     parts = []
     for win, weight, y, pmf, _ in dists:
         # E2EL = TTFT + win * td + Y on a grid fine enough for both laws
-        h = max(float(y[1] - y[0]) if len(y) > 1 else 0.0, float(t_val.max()) / 2**15, 1e-9)
+        h = max(float(y[1] - y[0]) if len(y) > 1 else 0.0, t_hi / 2**14, 1e-9)
         lo_y = float(y[0])
         n_t = int(t_val.max() / h) + 2
         n_y = int((float(y[-1]) - lo_y) / h) + 2
