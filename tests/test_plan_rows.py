@@ -12,8 +12,10 @@ What the model says about each row (the issue asks for 25%; the closing note giv
   24 sessions) serves NVIDIA's experts-only NVFP4 export with an FP8 index-key cache, so the KV
   pool is ~129 GB per GPU, not the ~35 GB MXFP8 would leave. At the post's 24 sessions: within
   25% (-15%), but the model's P90 interactivity there is ~1.5x the post's 74 tok/s, so the free
-  search runs on to ~60 sessions and over-predicts ~1.6x (the same recipe ran 32 and 40 sessions
-  on TP2, and the post kept 24: the real engine slows faster with the batch than the model).
+  search runs on to ~60 sessions and over-predicts ~1.6x (the same recipe also ran TP2 at 32
+  and 40 sessions, InferenceX commit dd8abfbe, and the post kept 24: the real engine slows
+  faster with the batch than the model). Read as InferenceX's E2E normalized interactivity the
+  model gives 80 tok/s at 24 sessions, but that reading would sink the DeepSeek row.
 - Kimi K3 on 16 GB300, 11.8K at 48 sessions: the best aggregated deployment uses DCP, as the post
   says, at 60 sessions and ~1.2x its TPGS (at the post's 48: +6%, P90 61 vs 62.7 tok/s); the
   disaggregated search holds more lanes in a prefill queue (the SLO leaves TTFT free) and
