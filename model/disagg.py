@@ -13,12 +13,16 @@ All rate functions are numpy-vectorized over batches and instance counts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from model.errors import ServecastError
 from model.parallel import ParallelPlan
+
+if TYPE_CHECKING:
+    from model.launch import ServingFormat
 
 # KV layout of the hand-off. vLLM's hybrid allocator used to keep one tensor per layer and
 # attention kind (92 for DeepSeek V4); the packed layout moves one contiguous region per block and
@@ -62,8 +66,8 @@ class Deployment:
     long_prefill_token_threshold: int = 0  # 0 = off (vLLM)
     prefill_schedule_interval: int = 1
     kv_connector: str = "NixlConnector"
-    # the serving format (model.launch.ServingFormat): checkpoint, KV dtype, speculative decoding
-    serving: object | None = field(default=None, compare=False, hash=False)
+    # checkpoint, KV dtype, speculative decoding (None: the architecture's own, defaults)
+    serving: ServingFormat | None = field(default=None, compare=False, hash=False)
     extras: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:

@@ -87,7 +87,7 @@ class ServingFormat:
 
 
 def _format(dep: Deployment) -> ServingFormat:
-    return dep.serving if isinstance(dep.serving, ServingFormat) else ServingFormat()
+    return dep.serving or ServingFormat()
 
 
 def _checkpoint(dep: Deployment) -> str:

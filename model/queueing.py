@@ -163,10 +163,14 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     return pmf / max(pmf.sum(), 1e-300)
 
 
+def quantiles_from_cdf(cdf: np.ndarray, grid: np.ndarray, qs) -> np.ndarray:
+    """The first grid values whose (non-decreasing) cdf reaches each of `qs`."""
+    return grid[np.minimum(np.searchsorted(cdf, np.asarray(qs, float)), len(grid) - 1)]
+
+
 def quantiles_from_pmf(pmf: np.ndarray, grid: np.ndarray, qs) -> np.ndarray:
     cdf = np.cumsum(pmf)
-    cdf = cdf / cdf[-1]
-    return np.array([grid[min(np.searchsorted(cdf, q), len(grid) - 1)] for q in qs])
+    return quantiles_from_cdf(cdf / cdf[-1], grid, qs)
 
 
 def expected_max_poisson(mean: float, n: int) -> float:

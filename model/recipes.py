@@ -63,26 +63,28 @@ class Recipe(BaseModel):
         return (self.spec_tokens, self.acceptance_length if self.spec_tokens else 0.0,
                 self.spec_method if self.spec_tokens else "mtp")
 
+    def fp4_on(self, hw) -> Fp4Variant | None:
+        """The FP4 variant when chip `hw` has its format (None: no variant, or unknown chip)."""
+        formats = tuple(getattr(hw, "fp4_formats", ()) or ())
+        return self.fp4 if self.fp4 is not None and self.fp4.format in formats else None
+
     def checkpoint_on(self, hw) -> str | None:
         """The checkpoint served on chip `hw` when it is not the architecture's own (None)."""
-        if self.fp4 is not None and self.precision_on(hw) == self.fp4.precision:
-            return self.fp4.checkpoint
-        return None
+        variant = self.fp4_on(hw)
+        return variant.checkpoint if variant else None
 
     def precision_on(self, hw) -> str | None:
-        """The served precision on chip `hw` (None: unknown chip, the default recipe)."""
-        formats = tuple(getattr(hw, "fp4_formats", ()) or ())
-        if self.fp4 is not None and self.fp4.format in formats:
-            return self.fp4.precision
-        return self.precision
+        """The served precision on chip `hw`."""
+        variant = self.fp4_on(hw)
+        return variant.precision if variant else self.precision
 
     def assumptions(self, hw=None) -> str:
         spec = "off" if self.spec_tokens == 0 else (
             f"{self.spec_method} {self.spec_tokens} tokens, acceptance length "
             f"{self.acceptance_length:g}")
-        precision = self.precision_on(hw)
-        if self.fp4 is not None and precision == self.fp4.precision:
-            precision = f"{precision} ({self.fp4.checkpoint} on {self.fp4.format} chips)"
+        variant = self.fp4_on(hw)
+        precision = (f"{variant.precision} ({variant.checkpoint} on {variant.format} chips)"
+                     if variant else self.precision)
         return (f"recipe {self.family}: weights {precision or 'as checkpoint'}, KV "
                 f"{self.kv_dtype or 'checkpoint dtype'}, speculative decoding {spec} "
                 f"(data/deployments/{self.family}.yaml)")

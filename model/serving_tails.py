@@ -18,6 +18,7 @@ from model.queueing import (
     expected_max_poisson,
     expected_min,
     mg1_wait_pmf,
+    quantiles_from_cdf,
     quantiles_from_pmf,
     shot_noise_var,
 )
@@ -197,7 +198,7 @@ def _fcfs_backlog(st: _State, x: float, ttft_law, n_rank: float | None, points: 
     grid, pmf = ttft_law
     cdf = np.cumsum(pmf) / max(float(pmf.sum()), 1e-300)
     qs = (np.arange(points) + 0.5) / points
-    t = grid[np.minimum(np.searchsorted(cdf, qs), len(grid) - 1)]
+    t = quantiles_from_cdf(cdf, grid, qs)
     means = x * t
     if st.gaps is not None:  # closed loop: who arrives stays queued, so long sojourns thin
         means = means * _arrivals_kept(st.gaps, t)
@@ -321,8 +322,7 @@ def _tpot_quantiles(eng, st, x, n_rank, ttft_law):
     grid = np.unique(np.r_[np.linspace(lo, hi, 2001),
                            np.geomspace(max(lo, 0.05 * st.td, 1e-9), hi, 6001)])
     cdf = _tpot_cdf(st, dists, grid)
-    return np.array([grid[min(np.searchsorted(cdf, q), len(grid) - 1)] for q in QUANTILES]), \
-        dists
+    return quantiles_from_cdf(cdf, grid, QUANTILES), dists
 
 
 def _slo_attainment(st, ttft_law, dists, slo_inter, slo_ttft) -> float:
@@ -366,5 +366,4 @@ def _e2e_interactivity(st: _State, ttft_law, dists, q: float) -> np.ndarray:
     hi = max(float(g[-1]) for g, _, _ in parts)
     grid = np.geomspace(lo, hi, 8001)
     cdf = sum(w / total * np.interp(grid, g, c, left=0.0, right=1.0) for g, c, w in parts)
-    r = np.array([grid[min(np.searchsorted(cdf, qq), len(grid) - 1)] for qq in QUANTILES])
-    return 1.0 / r
+    return 1.0 / quantiles_from_cdf(cdf, grid, QUANTILES)
