@@ -170,6 +170,16 @@ def kv_shard(att: Attention, plan: ParallelPlan) -> int:
     return min(plan.tp, kv) * plan.dcp
 
 
+def decode_attention_split(att: Attention, plan: ParallelPlan) -> tuple[int, int]:
+    """(head shards, context shards) of one layer's decode attention on one GPU. DCP gathers
+    its group's queries, so each rank runs tp/dcp of the heads over 1/dcp of the cached
+    entries (and PCP's 1/pcp); a linear layer's recurrent state has no sequence axis to split:
+    DCP leaves it TP-sharded by heads, as it stores it (kv_shard)."""
+    if att.kind == "linear":
+        return plan.tp, 1
+    return max(plan.tp // plan.dcp, 1), plan.dcp * plan.pcp
+
+
 def kv_duplication(att: Attention, plan: ParallelPlan) -> float:
     """Copies of each KV entry inside one TP group (1 = no duplication)."""
     return plan.tp / kv_shard(att, plan) if att.kind != "linear" else 1.0

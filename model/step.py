@@ -27,6 +27,7 @@ from model.layers import Architecture, Layer
 from model.ops import Step, grouped_layers, model_ops
 from model.parallel import (
     ParallelPlan,
+    decode_attention_split,
     kv_shard,
     layer_collectives,
     linear_shard,
@@ -188,14 +189,14 @@ class StepModel:
                                         lin.in_features, lin.dtype) for lin in lins], hw)
         times = np.where(tok_r > 0, times, 0.0)
         out += [(f"{tag}:{lin.name}", "gemm", count, t) for lin, t in zip(lins, times, strict=True)]
-        tp_att = max(p.tp // p.dcp, 1)
+        heads_split, ctx_split = decode_attention_split(att, p)
         if np.any(has_pre):
             t = k.attention_time_s(att.kind, "prefill", pseqs_r, new_per_seq,
                                    np.maximum(pctx, new_per_seq), att, self.kv_dtype, hw, p.tp)
             out.append((f"{tag}:attn_prefill", "attention", count, np.where(has_pre, t, 0.0)))
         if np.any(has_dec):
-            t = k.attention_time_s(att.kind, "decode", dec_r, q, np.maximum(dctx, 1.0) / p.dcp
-                                   / (p.pcp if p.pcp > 1 else 1), att, self.kv_dtype, hw, tp_att)
+            t = k.attention_time_s(att.kind, "decode", dec_r, q, np.maximum(dctx, 1.0) / ctx_split,
+                                   att, self.kv_dtype, hw, heads_split)
             out.append((f"{tag}:attn_decode", "attention", count, np.where(has_dec, t, 0.0)))
         ex = layer.mlp.experts
         if ex is not None:

@@ -96,3 +96,23 @@ def test_precision_override_halves_weight_bytes():
     # all projections go to 1 byte; embedding and LM head stay bf16 (2 x 525.3M x 2 B)
     heads = 2 * 128256 * 4096 * 2
     assert fp8.weight_bytes_per_gpu - heads == pytest.approx((bf16.weight_bytes_per_gpu - heads) / 2)
+
+
+def test_dcp_leaves_linear_attention_to_tp():
+    # Kimi K3's 69 KDA layers keep one recurrent state per sequence, sharded by heads over TP
+    # (model.parallel.kv_shard); DCP splits cached entries along the sequence and has nothing
+    # to split there, so TP8 with DCP8 runs a KDA decode exactly as TP8 does, while the MLA
+    # layers attend 1/8 of the context with all 96 heads (research/theory.md §1.3): the same
+    # FLOPs on 1/8 of the KV bytes, faster where the read dominates
+    from model.architecture import load_architecture
+    from model.hardware import load_hardware
+    from model.plan import step_model
+
+    kimi, gb300 = load_architecture("kimi-k3"), load_hardware("gb300-nvl72")
+    ops = {}
+    for name, plan in (("tp8", ParallelPlan(tp=8, ep=8)),
+                       ("dcp8", ParallelPlan(tp=8, ep=8, dcp=8))):
+        rows = step_model(kimi, gb300, plan).breakdown(0, 0, 24, 142_000)["ops"]
+        ops[name] = {o["op"]: float(o["time_s"]) for o in rows}
+    assert ops["dcp8"]["linear/moe:attn_decode"] == pytest.approx(ops["tp8"]["linear/moe:attn_decode"])
+    assert ops["dcp8"]["mla/moe:attn_decode"] < 0.8 * ops["tp8"]["mla/moe:attn_decode"]
