@@ -139,7 +139,10 @@ def collective_time_s(op: str, bytes_, gpus, hw, scope: str = "scale_up",
 
     `algorithm="deepep"` times an all-to-all with the DeepEP curve (fitted on moe_a2a.parquet:
     MoE dispatch/combine kernels, higher fixed latency, lower bus efficiency than NCCL's
-    all-to-all); default: NCCL (and vLLM custom all-reduce for all-reduce)."""
+    all-to-all); `algorithm="symm"` a symmetric-memory transfer inside the scale-up domain
+    (each rank writes its share straight into its peers' buffers in one step, as vLLM's custom
+    all-reduce does: that kernel's fitted latency and link efficiency, no ring steps);
+    default: NCCL (and vLLM custom all-reduce for all-reduce)."""
     if scope not in SCOPES:
         raise Infeasible(f"collective scope {scope!r} unknown; allowed: {', '.join(SCOPES)}")
     if op not in OPS:
@@ -148,7 +151,12 @@ def collective_time_s(op: str, bytes_, gpus, hw, scope: str = "scale_up",
     size = np.asarray(bytes_, dtype=float)
     nccl = comm_params(hw, op, "deepep" if algorithm == "deepep" and op == "all_to_all"
                        else "nccl")
-    if scope == "scale_up":
+    if scope == "scale_up" and algorithm == "symm":
+        custom = comm_params(hw, "all_reduce", "custom")
+        t = (one_shot_all_reduce_s(size, n, hw.scale_up_bandwidth_bytes_per_s, custom)
+             if op == "all_reduce" else
+             flat_time_s(op, size, n, hw.scale_up_bandwidth_bytes_per_s, custom))
+    elif scope == "scale_up":
         t = flat_time_s(op, size, n, hw.scale_up_bandwidth_bytes_per_s, nccl)
         if op == "all_reduce":
             custom = comm_params(hw, op, "custom")

@@ -232,6 +232,7 @@ class Collective:
     gpus: int
     scope: str  # scale_up | scale_out
     count: int  # times per step (layers)
+    algorithm: str | None = None  # model.comm algorithm; None: NCCL / custom all-reduce
 
 
 def scope_of(group_gpus: int, hw, inner: int = 1) -> str:
@@ -293,9 +294,12 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
         q_bytes = dec / p.dp * att.num_heads * att.head_dim * act
         o_bytes = dec / p.dp * att.num_heads * (att.v_head_dim + 2) * act  # + LSE
         sc = scope_of(p.dcp, hw)
-        out += [Collective("dcp_q_all_gather", "all_gather", q_bytes, p.dcp, sc, count),
+        # vLLM's DCP in one NVLink domain: queries gathered and partial outputs + LSE written
+        # straight into the peers' symmetric-memory buffers (PRs #48897, #50484), not NCCL
+        algo = "symm" if sc == "scale_up" else None
+        out += [Collective("dcp_q_all_gather", "all_gather", q_bytes, p.dcp, sc, count, algo),
                 Collective("dcp_out_merge", "reduce_scatter" if p.dcp == p.tp else "all_reduce",
-                           o_bytes, p.dcp, sc, count)]
+                           o_bytes, p.dcp, sc, count, algo)]
     if p.pcp > 1 and att.kind != "linear":
         from model.ops import entry_elements
 

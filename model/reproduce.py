@@ -304,17 +304,33 @@ def prefill_plan_ratio(ctx: Context, arch: str, hardware: str, prompt_tokens: in
 
 
 @predictor
-def decode_latency_reduction(ctx: Context, arch: str, hardware: str, plan: dict[str, Any],
-                             baseline: dict[str, Any], seqs_per_rank: float,
-                             context_tokens: float) -> float:
-    """1 - decode step time of `plan` / of `baseline` at the same replica load (the baseline's
-    ranks each carrying `seqs_per_rank` sequences). Per-layer and per-step ratios coincide when
-    every layer changes alike (the step also holds embedding and sampling, which do not)."""
-    base = _step_model(arch, hardware, baseline)
-    seqs = seqs_per_rank * base.plan.dp
-    t_base = float(base.step_time_s(0, 0, seqs, context_tokens))
-    t_plan = float(_step_model(arch, hardware, plan).step_time_s(0, 0, seqs, context_tokens))
-    return 1.0 - t_plan / t_base
+def dcp_exchange_gain(ctx: Context, arch: str, hardware: str, plan: dict[str, Any],
+                      seqs: float, context_tokens: float) -> float:
+    """1 - latency of one DCP attention layer (its projections, core attention, query gather,
+    partial-output merge and output all-reduce) with the symmetric-memory exchange / with
+    NCCL's all-gather + reduce-scatter, `seqs` sequences at `context_tokens` (no prefill)."""
+    from model.comm import collective_time_s
+    from model.parallel import layer_collectives
+
+    step = _step_model(arch, hardware, plan)
+    layer, count = next((g for g in step._groups if g[0].attention.kind != "linear"))
+    tag = f"{layer.attention.kind}/{layer.mlp.kind}:"
+    ops = [o for o in step.breakdown(0, 0, seqs, context_tokens)["ops"]
+           if o["op"].startswith(tag)]
+    attention = sum(float(o["time_s"]) / o["count"] for o in ops
+                    if "self_attn." in o["op"] or o["op"].endswith(("attn_decode", "dcp_q_all_gather",
+                                                                    "dcp_out_merge")))
+    # one of the layer's two TP all-reduces follows the attention output projection
+    attention += sum(float(o["time_s"]) / o["count"] for o in ops
+                     if o["op"].endswith("tp_all_reduce")) / 2
+    swap = 0.0
+    for c in layer_collectives(layer, 1, step.plan, step.hw, step.arch.hidden_size, 0.0, seqs):
+        if c.name.startswith("dcp_"):
+            swap += float(collective_time_s(c.op, c.bytes, c.gpus, step.hw, c.scope)
+                          - collective_time_s(c.op, c.bytes, c.gpus, step.hw, c.scope, c.algorithm))
+    if swap <= 0.0:
+        raise ServecastError(f"plan {plan}: no symmetric-memory DCP exchange to compare")
+    return swap / (attention + swap)
 
 
 @predictor

@@ -51,14 +51,14 @@ def _kernels():
     return roofline
 
 
-def collective_time_s(op: str, bytes_, gpus: int, hw, scope: str):
+def collective_time_s(op: str, bytes_, gpus: int, hw, scope: str, algorithm: str | None = None):
     """C's calibrated collective model when it exists; alpha-beta ring otherwise (theory §4.1)."""
     try:
         from model.comm import collective_time_s as comm_time
     except ImportError:
         comm_time = None
     if comm_time is not None:
-        return comm_time(op, bytes_, gpus, hw, scope)
+        return comm_time(op, bytes_, gpus, hw, scope, algorithm)
     bytes_ = np.asarray(bytes_, float)
     if gpus <= 1:
         return 0.0 * bytes_
@@ -210,7 +210,7 @@ class StepModel:
         for c in layer_collectives(layer, count, p, hw, arch.hidden_size, pre, dec_tok,
                                    prefill_ranks=pranks):
             out.append((f"{tag}:{c.name}", "network", c.count,
-                        collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope)))
+                        collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope, c.algorithm)))
         return out
 
     def _op_times(self, pre, pctx, dec, dctx, pseqs, pranks=None):
@@ -237,7 +237,7 @@ class StepModel:
             out += self._draft_times(dec, dctx)
         for c in pipeline_collectives(p, hw, arch.hidden_size, pre_r * p.pcp * p.dp, dec * q):
             out.append((c.name, "network", c.count,
-                        collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope)))
+                        collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope, c.algorithm)))
         return out
 
     def _draft_times(self, dec, dctx):

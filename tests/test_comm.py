@@ -113,3 +113,20 @@ def test_deepep_all_to_all_curve():
     t = collective_time_s("all_to_all", big, 8, H100, "scale_up", algorithm="deepep")
     assert t >= 7 / 8 * big / 450e9
     assert 21.24e-3 / 2 < t < 21.24e-3 * 2
+
+
+def test_symmetric_memory_exchange_costs_one_custom_kernel_step():
+    # DCP's query gather / output merge on the symmetric-memory path (vLLM PRs #48897, #50484)
+    # is priced as one write into every peer, with vLLM's custom all-reduce kernel curve.
+    # B200, 8 GPUs, 16 KB: custom one-shot all-reduce measured 8.22 us (custom_allreduce.parquet,
+    # vLLM_custom_graph); NCCL all-gather measured 19.55 us (nccl.parquet, half)
+    b200 = load_hardware("b200-sxm")
+    symm = collective_time_s("all_gather", 16384, 8, b200, "scale_up", algorithm="symm")
+    assert symm == pytest.approx(8.22e-6, rel=0.15)
+    nccl = collective_time_s("all_gather", 16384, 8, b200, "scale_up")
+    assert nccl == pytest.approx(19.55e-6, rel=0.15)
+    # all-reduce on that path is the custom kernel itself; across domains NCCL stays
+    assert collective_time_s("all_reduce", 16384, 8, b200, "scale_up", algorithm="symm") == \
+        pytest.approx(8.22e-6, rel=0.15)
+    assert collective_time_s("all_gather", 16384, 144, GB300, "scale_out", algorithm="symm") == \
+        collective_time_s("all_gather", 16384, 144, GB300, "scale_out")
