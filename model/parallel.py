@@ -120,6 +120,13 @@ def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
                 raise Infeasible(f"plan {p.label()}: {kv} KV heads not divisible by tp={p.tp}")
             if kv < p.tp and p.tp % kv:
                 raise Infeasible(f"plan {p.label()}: tp={p.tp} not a multiple of {kv} KV heads")
+        if p.pcp > 1 and att.kind == "linear":
+            # a recurrent state runs along the whole sequence: PCP needs it handed from rank to
+            # rank, which vLLM and SGLang do not do (vLLM rejects CP for hybrid layouts; SGLang's
+            # KDA CP prefill, PR #34059, is unmerged)
+            raise Infeasible(f"plan {p.label()}: pcp={p.pcp} splits the sequence of "
+                             f"{att.kind} attention layers, whose state no engine hands across "
+                             f"ranks; pcp must be 1 for {arch.name}")
         if p.dcp > 1:
             if p.tp % p.dcp:
                 raise Infeasible(f"plan {p.label()}: dcp={p.dcp} must divide tp={p.tp}")

@@ -137,3 +137,19 @@ def test_linear_attention_layers_split_heads():
                         (Layer(0, att, Mlp("none", ())),), Linear("e", 1000, 2048, "bf16"),
                         Linear("h", 2048, 1000, "bf16"), False, 1000, "bf16")
     validate_plan(arch, toy_hw(), normalize_plan(arch, ParallelPlan(tp=8)))
+
+
+def test_pcp_refused_for_linear_attention_layers():
+    # a KDA/GDN layer's recurrent state runs along the whole sequence; splitting its prefill
+    # over PCP ranks needs a state hand-off vLLM and SGLang lack (vLLM rejects CP for hybrid
+    # layouts, flagos-ai/vllm-plugin-FL PR #299; SGLang's KDA CP prefill PR #34059 is open)
+    att = Attention("linear", 32, 32, 128, 128, (Linear("q_proj", 2048, 4096, "bf16"),),
+                    state_elements=32 * 128 * 128)
+    arch = Architecture("toy-lin", "x", "kimi_linear", "t", 2048, 1000,
+                        (Layer(0, att, Mlp("none", ())),), Linear("e", 1000, 2048, "bf16"),
+                        Linear("h", 2048, 1000, "bf16"), False, 1000, "bf16")
+    with pytest.raises(Infeasible, match="pcp=4 splits the sequence of linear"):
+        validate_plan(arch, toy_hw(), normalize_plan(arch, ParallelPlan(tp=2, pcp=4)))
+    # full-attention layers split fine (the post's DeepSeek V4 PCP8 prefill)
+    validate_plan(deepseek_v3_like(4), toy_hw(), normalize_plan(deepseek_v3_like(4),
+                                                                 ParallelPlan(pcp=8, ep=8)))
