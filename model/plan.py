@@ -706,7 +706,7 @@ def serving_format(arch_name: str, hw, precision, kv_dtype, spec):
     checkpoint = r.checkpoint_on(hw) if r is not None and precision == r.precision_on(hw) \
         else None
     k, _, method = spec
-    draft = r.spec_draft_model if r is not None and method == r.spec_method else None
+    draft = r.draft_on(hw) if r is not None and method == r.spec_method else None
     return ServingFormat(checkpoint=checkpoint, kv_dtype=kv_dtype,
                          indexer_kv_dtype=parse_precision(precision).get("indexer_cache"),
                          spec_method=method if k else "none", spec_tokens=int(k),

@@ -27,6 +27,17 @@ class Fp4Variant(BaseModel):
     checkpoint: str
     precision: str
     source: str
+    # a draft served with this checkpoint instead of the recipe's, and its acceptance length
+    spec_draft_model: str | None = None
+    acceptance_length: float | None = Field(None, ge=1.0, le=17.0)
+    spec_source: str | None = None
+
+    @model_validator(mode="after")
+    def _draft_sourced(self) -> Fp4Variant:
+        if (self.spec_draft_model is None) != (self.acceptance_length is None) or \
+                (self.spec_draft_model is not None and not self.spec_source):
+            raise ValueError("spec_draft_model, acceptance_length and spec_source go together")
+        return self
 
 
 class Recipe(BaseModel):
@@ -52,16 +63,30 @@ class Recipe(BaseModel):
     def _consistent(self) -> Recipe:
         if (self.spec_method == "none") != (self.spec_tokens == 0):
             raise ValueError("spec_method none goes with spec_tokens 0 and vice versa")
-        if self.acceptance_length > 1.0 + self.spec_tokens:
-            raise ValueError(f"acceptance_length {self.acceptance_length} exceeds 1 + "
-                             f"spec_tokens ({1 + self.spec_tokens})")
+        for al in (self.acceptance_length, self.fp4.acceptance_length if self.fp4 else None):
+            if al is not None and al > 1.0 + self.spec_tokens:
+                raise ValueError(f"acceptance_length {al} exceeds 1 + spec_tokens "
+                                 f"({1 + self.spec_tokens})")
         return self
+
+    def spec_on(self, hw=None) -> tuple[int, float, str]:
+        """(draft tokens, acceptance length, method) as the step model takes them, with the
+        FP4 variant's draft on chips that serve it."""
+        variant = self.fp4_on(hw)
+        al = variant.acceptance_length if variant and variant.acceptance_length else \
+            self.acceptance_length
+        return (self.spec_tokens, al if self.spec_tokens else 0.0,
+                self.spec_method if self.spec_tokens else "mtp")
 
     @property
     def spec(self) -> tuple[int, float, str]:
-        """(draft tokens, acceptance length, method) as the step model takes them."""
-        return (self.spec_tokens, self.acceptance_length if self.spec_tokens else 0.0,
-                self.spec_method if self.spec_tokens else "mtp")
+        return self.spec_on()
+
+    def draft_on(self, hw=None) -> str | None:
+        """The external draft checkpoint served on chip `hw` (None: the checkpoint's own)."""
+        variant = self.fp4_on(hw)
+        return variant.spec_draft_model if variant and variant.spec_draft_model else \
+            self.spec_draft_model
 
     def fp4_on(self, hw) -> Fp4Variant | None:
         """The FP4 variant when chip `hw` has its format (None: no variant, or unknown chip)."""
@@ -79,9 +104,10 @@ class Recipe(BaseModel):
         return variant.precision if variant else self.precision
 
     def assumptions(self, hw=None) -> str:
+        draft = self.draft_on(hw)
         spec = "off" if self.spec_tokens == 0 else (
-            f"{self.spec_method} {self.spec_tokens} tokens, acceptance length "
-            f"{self.acceptance_length:g}")
+            f"{self.spec_method} {self.spec_tokens} tokens" + (f" ({draft})" if draft else "")
+            + f", acceptance length {self.spec_on(hw)[1]:g}")
         variant = self.fp4_on(hw)
         precision = (f"{variant.precision} ({variant.checkpoint} on {variant.format} chips)"
                      if variant else self.precision)
@@ -128,4 +154,4 @@ def recipe_settings(arch_name: str, precision: str | None = None, kv_dtype: str 
         return precision, kv_dtype, None
     return (precision if precision is not None else r.precision_on(hw),
             kv_dtype if kv_dtype is not None else r.kv_dtype,
-            r.spec if speculative else SPEC_OFF)
+            r.spec_on(hw) if speculative else SPEC_OFF)

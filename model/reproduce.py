@@ -310,10 +310,12 @@ def dcp_exchange_gain(ctx: Context, arch: str, hardware: str, plan: dict[str, An
     partial-output merge and output all-reduce) with the symmetric-memory exchange / with
     NCCL's all-gather + reduce-scatter, `seqs` sequences at `context_tokens` (no prefill)."""
     from model.comm import collective_time_s
+    from model.ops import grouped_layers
     from model.parallel import layer_collectives
 
     step = _step_model(arch, hardware, plan)
-    layer, count = next((g for g in step._groups if g[0].attention.kind != "linear"))
+    layer = next(ly for ly, _ in grouped_layers(step.arch.main_layers)
+                 if ly.attention.kind != "linear")
     tag = f"{layer.attention.kind}/{layer.mlp.kind}:"
     ops = [o for o in step.breakdown(0, 0, seqs, context_tokens)["ops"]
            if o["op"].startswith(tag)]

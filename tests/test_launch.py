@@ -51,8 +51,8 @@ def test_disaggregated_commands_have_connector_roles():
 
 def test_serving_format_flags_follow_the_recipe():
     # MiniMax M3 on B300: InferenceX's b300-fp4-mtp AgentX recipe serves hf:nvidia/MiniMax-M3-NVFP4
-    # with kv-cache-dtype fp8, attention-config {"indexer_kv_dtype":"fp8"} and three EAGLE3
-    # draft tokens (data/deployments/minimax-m3.yaml); on H200 the MXFP8 checkpoint is the
+    # with kv-cache-dtype fp8, attention-config {"indexer_kv_dtype":"fp8"} and three draft tokens
+    # of the GQA EAGLE3 head (data/deployments/minimax-m3.yaml); on H200 the MXFP8 checkpoint is the
     # architecture's own, MiniMaxAI/MiniMax-M3 (launch names the model, the precision the format).
     from model.hardware import load_hardware
     from model.plan import serving_format
@@ -65,7 +65,7 @@ def test_serving_format_flags_follow_the_recipe():
     assert line.startswith("vllm serve nvidia/MiniMax-M3-NVFP4 ")
     assert "--kv-cache-dtype fp8" in line
     assert """'{"indexer_kv_dtype":"fp8"}'""" in line
-    assert """'{"method":"eagle3","num_speculative_tokens":3,"model":"Inferact/MiniMax-M3-EAGLE3"}'""" in line
+    assert """'{"method":"eagle3","num_speculative_tokens":3,"model":"Inferact/MiniMax-M3-EAGLE3-GQA"}'""" in line
     h200 = serving_format("minimax-m3", load_hardware("h200-sxm"), "mxfp8", "fp8",
                           (3, 2.83, "eagle3"))
     assert h200.checkpoint is None and h200.indexer_kv_dtype is None

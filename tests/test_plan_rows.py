@@ -49,6 +49,11 @@ def test_recipes_are_sourced_and_match_the_checkpoints():
     assert (m3.precision, m3.kv_dtype) == ("mxfp8", "fp8")
     assert m3.precision_on(load_hardware("b300")) == "experts=nvfp4,indexer_cache=fp8"
     assert m3.precision_on(load_hardware("h200-sxm")) == "mxfp8"
+    # the B300 recipe drafts with Inferact/MiniMax-M3-EAGLE3-GQA, golden AL 2.78 at 3 tokens
+    # (InferenceX golden_al_distribution/minimaxm3_eagle3_gqa.yaml); H200 keeps the MHA head, 2.83
+    assert m3.spec_on(load_hardware("b300")) == (3, 2.78, "eagle3")
+    assert m3.draft_on(load_hardware("b300")) == "Inferact/MiniMax-M3-EAGLE3-GQA"
+    assert m3.draft_on(load_hardware("h200-sxm")) == "Inferact/MiniMax-M3-EAGLE3"
     # DeepSeek V4: vLLM blog 2026-04-24 --kv-cache-dtype fp8 (+ fp4 indexer, the arch default)
     assert recipe_for("deepseek-v4-pro").kv_dtype == "fp8"
     assert recipe_for("qwen3-32b") is None
