@@ -130,12 +130,16 @@ def test_enumerate_plans_valid_and_fit():
     assert any(p.pcp == 2 for p in enumerate_plans(llama8b(), toy_hw(), 4, "prefill"))
 
 
-def test_linear_attention_layers_split_heads():
+def _toy_linear_arch() -> Architecture:
     att = Attention("linear", 32, 32, 128, 128, (Linear("q_proj", 2048, 4096, "bf16"),),
                     state_elements=32 * 128 * 128)
-    arch = Architecture("toy-lin", "x", "kimi_linear", "t", 2048, 1000,
+    return Architecture("toy-lin", "x", "kimi_linear", "t", 2048, 1000,
                         (Layer(0, att, Mlp("none", ())),), Linear("e", 1000, 2048, "bf16"),
                         Linear("h", 2048, 1000, "bf16"), False, 1000, "bf16")
+
+
+def test_linear_attention_layers_split_heads():
+    arch = _toy_linear_arch()
     validate_plan(arch, toy_hw(), normalize_plan(arch, ParallelPlan(tp=8)))
 
 
@@ -143,11 +147,7 @@ def test_pcp_refused_for_linear_attention_layers():
     # a KDA/GDN layer's recurrent state runs along the whole sequence; splitting its prefill
     # over PCP ranks needs a state hand-off vLLM and SGLang lack (vLLM rejects CP for hybrid
     # layouts, flagos-ai/vllm-plugin-FL PR #299; SGLang's KDA CP prefill PR #34059 is open)
-    att = Attention("linear", 32, 32, 128, 128, (Linear("q_proj", 2048, 4096, "bf16"),),
-                    state_elements=32 * 128 * 128)
-    arch = Architecture("toy-lin", "x", "kimi_linear", "t", 2048, 1000,
-                        (Layer(0, att, Mlp("none", ())),), Linear("e", 1000, 2048, "bf16"),
-                        Linear("h", 2048, 1000, "bf16"), False, 1000, "bf16")
+    arch = _toy_linear_arch()
     with pytest.raises(Infeasible, match="pcp=4 splits the sequence of linear"):
         validate_plan(arch, toy_hw(), normalize_plan(arch, ParallelPlan(tp=2, pcp=4)))
     # full-attention layers split fine (the post's DeepSeek V4 PCP8 prefill)
