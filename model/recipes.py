@@ -72,9 +72,7 @@ class Recipe(BaseModel):
     def spec_on(self, hw=None) -> tuple[int, float, str]:
         """(draft tokens, acceptance length, method) as the step model takes them, with the
         FP4 variant's draft on chips that serve it."""
-        variant = self.fp4_on(hw)
-        al = variant.acceptance_length if variant and variant.acceptance_length else \
-            self.acceptance_length
+        al = self._served(hw, "acceptance_length")
         return (self.spec_tokens, al if self.spec_tokens else 0.0,
                 self.spec_method if self.spec_tokens else "mtp")
 
@@ -84,9 +82,12 @@ class Recipe(BaseModel):
 
     def draft_on(self, hw=None) -> str | None:
         """The external draft checkpoint served on chip `hw` (None: the checkpoint's own)."""
-        variant = self.fp4_on(hw)
-        return variant.spec_draft_model if variant and variant.spec_draft_model else \
-            self.spec_draft_model
+        return self._served(hw, "spec_draft_model")
+
+    def _served(self, hw, field: str):
+        """`field` of the FP4 variant served on chip `hw` where it sets one, else the recipe's."""
+        value = getattr(self.fp4_on(hw), field, None)
+        return value if value is not None else getattr(self, field)
 
     def fp4_on(self, hw) -> Fp4Variant | None:
         """The FP4 variant when chip `hw` has its format (None: no variant, or unknown chip)."""
@@ -100,8 +101,7 @@ class Recipe(BaseModel):
 
     def precision_on(self, hw) -> str | None:
         """The served precision on chip `hw`."""
-        variant = self.fp4_on(hw)
-        return variant.precision if variant else self.precision
+        return self._served(hw, "precision")
 
     def assumptions(self, hw=None) -> str:
         draft = self.draft_on(hw)
