@@ -786,8 +786,9 @@ def _assumptions(traffic: Traffic, cost: CostSummary) -> list[str]:
     return [
         f"traffic {traffic.name}: mean input {traffic.context_mean:,.0f} tok, uncached "
         f"{traffic.uncached_mean:,.0f} (p90 {traffic.uncached_p90:,.0f}), output "
-        f"{traffic.output_mean:,.0f}, think gap {traffic.gap_mean_s:.1f} s (capped 300 s), "
-        f"hit {traffic.hit_rate:.3f}",
+        f"{traffic.output_mean:,.0f}, think gap {traffic.gap_mean_s:.1f} s (capped 300 s; "
+        f"while no request is in flight the replay skips idle time past 10 s, AgentX's system "
+        f"idle cap), hit {traffic.hit_rate:.3f}",
         "sessions not resident in HBM reload KV from host memory (tiered offload)",
         "disaggregated: only new tokens' KV moves to decode (sticky sessions), packed layout",
         f"cost basis {cost.basis}; API equivalent at {cost.api_model} prices on the served mix",

@@ -53,6 +53,20 @@ class Traffic:
     gap_mean_s: float  # think/tool gap before a turn, capped as the replay caps it
     hit_rate: float  # token-weighted
     uncached_sample: np.ndarray = field(repr=False, compare=False, default=None)
+    gap_sample: np.ndarray = field(repr=False, compare=False, default=None)  # capped gaps
+
+    def idle_gap_mean(self, lanes, active_s) -> np.ndarray:
+        """Mean gap per turn with `lanes` sessions in the system, each active `active_s` per
+        turn, under the AgentX system idle cap (model.idle_cap); the plain mean without a
+        gap sample."""
+        if self.gap_sample is None:
+            return np.broadcast_arrays(np.asarray(lanes, float) * 0.0 + self.gap_mean_s,
+                                       np.asarray(active_s, float))[0]
+        if "_idle" not in self.__dict__:
+            from model.idle_cap import SystemIdleCap
+
+            object.__setattr__(self, "_idle", SystemIdleCap(self.gap_sample))
+        return self.__dict__["_idle"].gap_mean(lanes, active_s)
 
     def chunks(self, cap) -> np.ndarray:
         """Mean prefill steps per request, E[ceil(U / cap)], when a request takes at most `cap`
@@ -121,7 +135,7 @@ def traffic_from_mix(name: str, context, uncached, output, gap,
                    output_mean=float(output.mean()), output_p10=float(np.percentile(output, 10)),
                    gap_mean_s=float(np.minimum(gap, gap_cap_s).mean()),
                    hit_rate=float(1.0 - uncached.sum() / context.sum()),
-                   uncached_sample=uncached)
+                   uncached_sample=uncached, gap_sample=np.minimum(gap, gap_cap_s))
 
 
 def traffic_from_workload(workload, n: int = 200_000, seed: int = 0, hit_rate: float | None = None,
@@ -284,8 +298,7 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
     chunks_mean = traffic.chunks(cap) + miss / cap
     u_p90 = traffic.uncached_p90 + miss
     chunks_p90 = np.ceil(u_p90 / cap)
-    u, o, s, z = (traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean,
-                  traffic.gap_mean_s)
+    u, o, s = traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean
     k_eff = u / chunks_mean
     o_step = o / tps  # decode steps per turn
     b_kv = kv_cap / max(s, 1.0)  # decoding sequences whose KV fits
@@ -301,6 +314,7 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
     t_prev = g_prev = None
     for it in range(iterations):
         ttft0 = _ttft(chunks_mean, t_chunk, t_quiet, pp, interval) + reload
+        z = traffic.idle_gap_mean(conc, ttft0 + o_step * t)
         cycle = ttft0 + o_step * t + z
         r_lanes = c_r / cycle
         # budget: per (micro)step each rank takes <= budget tokens of decodes + prefill
@@ -424,21 +438,21 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
         concurrency, chunk_tokens, tokens_per_step, miss_tokens, lower_tier_s)))
     t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = args
     which = which.astype(int)
-    u, o, s, z = traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean, \
-        traffic.gap_mean_s
+    u, o, s = traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean
     thr_p = chunk / t_p  # prefill tokens/s per instance
     lam_p = prefill_saturation_rps(t_p, chunk, u)
     service = u / thr_p
     # service U / thr_p varies with the prompt: second moment over the request mix (cap 1 token)
     u_sq = traffic.chunks_squared(1.0) + 2.0 * traffic.uncached_mean * miss + miss**2
     hand_mean = kv_transfer_time_s(u, kv_bytes_per_token, link_bytes_per_s, senders)
-    fixed = service + hand_mean + lower + z  # cycle time outside the queue and the decode
+    fixed = service + hand_mean + lower  # active time outside the queue and the decode
 
     def state(b):
         step = decode_table(0.0, b, which)
         r = y * b * tps / (o * step)
         wait = pk_wait_s(r / x, service, u_sq / thr_p**2)
-        return step, r, wait, r * (fixed + wait + o / tps * step)
+        active = fixed + wait + o / tps * step
+        return step, r, wait, r * (active + traffic.idle_gap_mean(conc, active))
 
     lo = np.full(conc.shape, np.log(1e-3))
     top = np.maximum(b_cap, 1e-3)  # the decode cap, evaluated once
@@ -451,8 +465,9 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
         hi, lo = np.where(over, mid, hi), np.where(over, lo, mid)
     b = np.where(at_cap, top, np.exp(lo))
     step, rate, wait, held = state(b)
-    queue = np.where(at_cap, np.maximum(conc / np.maximum(rate, 1e-300)
-                                        - (fixed + wait + o / tps * step), 0.0), 0.0)
+    active = fixed + wait + o / tps * step
+    queue = np.where(at_cap, np.maximum(conc / np.maximum(rate, 1e-300) - active
+                                        - traffic.idle_gap_mean(conc, active), 0.0), 0.0)
     hand_p90 = kv_transfer_time_s(traffic.uncached_p90 + miss, kv_bytes_per_token,
                                   link_bytes_per_s, senders)
     rho = rate / (x * lam_p)

@@ -639,6 +639,31 @@ def _admission_capped_rate(eng: _Engine, x_hi: float, limit: float, n_rank: floa
     return best
 
 
+def _idle_capped_rate(eng: _Engine, load: ClosedLoop, n_rank: float, x: float, st: _State,
+                      passes: int = 2) -> tuple[float, _State]:
+    """Re-solve the closed loop with the gaps the AgentX system idle cap leaves
+    (model.idle_cap): each pass reads the lanes' active time per turn at the last solution and
+    scales the mix's gaps to the capped mean."""
+    from model.idle_cap import SystemIdleCap
+
+    if load.idle_cap_s is None:
+        return x, st
+    gaps = eng.mix.z.copy()
+    idle = SystemIdleCap(gaps, load.idle_cap_s)
+    if idle.mean <= 0:
+        return x, st
+    for _ in range(passes):
+        active = n_rank / x - float(eng.mix.z.mean())
+        z_eff = float(idle.gap_mean(load.concurrency, active))
+        if abs(z_eff - float(eng.mix.z.mean())) < 1e-3 * idle.mean:
+            break
+        eng.mix.z = gaps * (z_eff / idle.mean)
+        x, st = _closed_rate(eng, n_rank, 1.0)
+        if x <= 0 or st.reason:
+            break
+    return x, st
+
+
 def _closed_rate(eng: _Engine, n: float, ca2: float) -> tuple[float, _State]:
     """Response-time law X = N / (Z + R(X)) by bisection (R grows with X)."""
     z = float(eng.mix.z.mean())
@@ -750,6 +775,8 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     if isinstance(load, ClosedLoop):
         n_rank = load.concurrency / dp
         x, st = _closed_rate(eng, n_rank, 1.0)
+        if x > 0 and not st.reason:
+            x, st = _idle_capped_rate(eng, load, n_rank, x, st)
         if x <= 0 or st.reason:
             return _unstable(st.reason or "no throughput", hit, policy)
     else:

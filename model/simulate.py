@@ -206,7 +206,18 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
                     counter += 1
                     continue
                 break
-            t = max(t, events[0][0])
+            nxt = events[0][0]
+            cap_s = getattr(load, "idle_cap_s", None)
+            if lanes and cap_s is not None and nxt - t > cap_s and not any(
+                    r.decoding or r.prefilling or r.waiting for r in ranks):
+                # nothing in flight: the replay shifts every pending timer so the idle
+                # interval lasts cap_s (a uniform shift keeps the heap ordered)
+                shift = nxt - t - cap_s
+                events = [(e - shift, s_, j) for e, s_, j in events]
+                for _, _, j in events:
+                    reqs.arrival[j] -= shift
+                nxt -= shift
+            t = max(t, nxt)
             continue
         # ---- compose the step on every rank
         plans = []

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from model import ROOT
 from model.errors import ServecastError, SpecError
+from model.idle_cap import AGENTX_SYSTEM_IDLE_CAP_S
 from model.specio import load_yaml
 
 WORKLOADS_DIR = ROOT / "data" / "workloads"
@@ -445,11 +446,14 @@ class ClosedLoop:
 
     Gaps (tool/think time) come from the workload, capped at `gap_cap_s` (InferenceX caps each
     trajectory's idle time at 300 s); profiles without gaps (fixed-length) loop back-to-back, as
-    `vllm bench serve --max-concurrency` does.
+    `vllm bench serve --max-concurrency` does. While no request is in flight anywhere, the replay
+    skips ahead so that no all-idle interval lasts longer than `idle_cap_s` (AIPerf
+    --system-idle-gap-cap-seconds 10; model.idle_cap); None keeps every gap.
     """
 
     concurrency: int
     gap_cap_s: float = 300.0
+    idle_cap_s: float | None = AGENTX_SYSTEM_IDLE_CAP_S
 
     def __post_init__(self) -> None:
         if not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1:
@@ -457,6 +461,9 @@ class ClosedLoop:
                                  f"{self.concurrency!r}")
         if not self.gap_cap_s >= 0:
             raise ServecastError(f"load: gap_cap_s: must be >= 0, got {self.gap_cap_s!r}")
+        if self.idle_cap_s is not None and not self.idle_cap_s >= 0:
+            raise ServecastError(f"load: idle_cap_s: must be >= 0 seconds or None (off), got "
+                                 f"{self.idle_cap_s!r}")
 
 
 @dataclass(frozen=True)
