@@ -50,16 +50,22 @@ class SystemIdleCap:
             self._integrals[lanes] = float(np.sum(0.5 * (f[1:] + f[:-1]) * np.diff(self._t)))
         return self._integrals[lanes]
 
-    def gap_mean(self, lanes, active_s) -> np.ndarray:
-        """Mean gap per turn with `lanes` sessions in the whole system, each active (TTFT plus
-        decode, queueing included) `active_s` per turn; arrays broadcast."""
-        lanes, active = np.broadcast_arrays(np.asarray(lanes, float), np.asarray(active_s, float))
-        z = np.full(lanes.shape, self.mean)
+    def at(self, lanes):
+        """`active_s -> mean gap per turn` with `lanes` sessions in the whole system, each active
+        (TTFT plus decode, queueing included) `active_s` per turn; the lane-dependent integral
+        is taken once, so a search calls the result inside its iterations."""
+        n = np.maximum(np.round(np.asarray(lanes, float)), 1.0).astype(int)
         if self._t is None:
-            return z
-        n = np.maximum(np.round(lanes), 1.0).astype(int)
+            return lambda active_s: np.broadcast_arrays(
+                np.full(n.shape, self.mean), np.asarray(active_s, float))[0]
         values, inverse = np.unique(n, return_inverse=True)
-        integral = np.array([self._integral(int(v)) for v in values])[inverse].reshape(n.shape)
-        p = self.mean / (self.mean + np.maximum(active, 0.0))
-        removed = n * p ** (n - 1) * integral
-        return np.maximum(z - removed, 0.0)
+        weight = n * np.array([self._integral(int(v)) for v in values])[inverse].reshape(n.shape)
+
+        def gap_mean(active_s):
+            p = self.mean / (self.mean + np.maximum(np.asarray(active_s, float), 0.0))
+            return np.maximum(self.mean - weight * p ** (n - 1), 0.0)
+        return gap_mean
+
+    def gap_mean(self, lanes, active_s) -> np.ndarray:
+        """Mean gap per turn at `lanes` sessions each active `active_s` per turn (see `at`)."""
+        return self.at(lanes)(active_s)

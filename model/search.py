@@ -22,6 +22,7 @@ Serving model of an aggregated replica (closed loop, research/theory.md §6, §1
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,7 @@ import pandas as pd
 
 from model.disagg import kv_transfer_time_s, prefill_saturation_rps
 from model.errors import ServecastError
+from model.idle_cap import AGENTX_SYSTEM_IDLE_CAP_S, SystemIdleCap
 from model.queueing import pk_wait_s
 
 Z90 = 1.2816  # standard normal 90th percentile
@@ -55,18 +57,16 @@ class Traffic:
     uncached_sample: np.ndarray = field(repr=False, compare=False, default=None)
     gap_sample: np.ndarray = field(repr=False, compare=False, default=None)  # capped gaps
 
-    def idle_gap_mean(self, lanes, active_s) -> np.ndarray:
-        """Mean gap per turn with `lanes` sessions in the system, each active `active_s` per
-        turn, under the AgentX system idle cap (model.idle_cap); the plain mean without a
-        gap sample."""
-        if self.gap_sample is None:
-            return np.broadcast_arrays(np.asarray(lanes, float) * 0.0 + self.gap_mean_s,
-                                       np.asarray(active_s, float))[0]
-        if "_idle" not in self.__dict__:
-            from model.idle_cap import SystemIdleCap
+    @functools.cached_property
+    def _idle_cap(self) -> SystemIdleCap:
+        if self.gap_sample is None:  # moments only: the plain mean
+            return SystemIdleCap([self.gap_mean_s], None)
+        return SystemIdleCap(self.gap_sample, AGENTX_SYSTEM_IDLE_CAP_S)
 
-            object.__setattr__(self, "_idle", SystemIdleCap(self.gap_sample))
-        return self.__dict__["_idle"].gap_mean(lanes, active_s)
+    def idle_gap(self, lanes):
+        """`active_s -> mean gap per turn` with `lanes` sessions in the system under the AgentX
+        system idle cap (model.idle_cap); the plain mean without a gap sample."""
+        return self._idle_cap.at(lanes)
 
     def chunks(self, cap) -> np.ndarray:
         """Mean prefill steps per request, E[ceil(U / cap)], when a request takes at most `cap`
@@ -312,9 +312,10 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
     t = table(0.0, np.maximum(c_r / 4, 1.0), which)
     t_chunk = t_quiet = t
     t_prev = g_prev = None
+    idle_gap = traffic.idle_gap(conc)
     for it in range(iterations):
         ttft0 = _ttft(chunks_mean, t_chunk, t_quiet, pp, interval) + reload
-        z = traffic.idle_gap_mean(conc, ttft0 + o_step * t)
+        z = idle_gap(ttft0 + o_step * t)
         cycle = ttft0 + o_step * t + z
         r_lanes = c_r / cycle
         # budget: per (micro)step each rank takes <= budget tokens of decodes + prefill
@@ -446,13 +447,14 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     u_sq = traffic.chunks_squared(1.0) + 2.0 * traffic.uncached_mean * miss + miss**2
     hand_mean = kv_transfer_time_s(u, kv_bytes_per_token, link_bytes_per_s, senders)
     fixed = service + hand_mean + lower  # active time outside the queue and the decode
+    idle_gap = traffic.idle_gap(conc)
 
     def state(b):
         step = decode_table(0.0, b, which)
         r = y * b * tps / (o * step)
         wait = pk_wait_s(r / x, service, u_sq / thr_p**2)
         active = fixed + wait + o / tps * step
-        return step, r, wait, r * (active + traffic.idle_gap_mean(conc, active))
+        return step, r, wait, r * (active + idle_gap(active))
 
     lo = np.full(conc.shape, np.log(1e-3))
     top = np.maximum(b_cap, 1e-3)  # the decode cap, evaluated once
@@ -467,7 +469,7 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     step, rate, wait, held = state(b)
     active = fixed + wait + o / tps * step
     queue = np.where(at_cap, np.maximum(conc / np.maximum(rate, 1e-300) - active
-                                        - traffic.idle_gap_mean(conc, active), 0.0), 0.0)
+                                        - idle_gap(active), 0.0), 0.0)
     hand_p90 = kv_transfer_time_s(traffic.uncached_p90 + miss, kv_bytes_per_token,
                                   link_bytes_per_s, senders)
     rho = rate / (x * lam_p)
