@@ -382,6 +382,12 @@ class _State:
     # threshold mode on lock-stepped ranks: (mean chunk extension, chunks per rank per
     # admitting step, ranks) of the mean step's busiest-rank law
     lock: tuple | None = None
+    # decode step a decoding request sees (set by serve(); None: td): itself plus the others
+    td_tag: float | None = None
+
+    @property
+    def td_seen(self) -> float:
+        return self.td if self.td_tag is None else self.td_tag
 
     @property
     def tail_mean(self) -> float:
@@ -810,6 +816,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         x, st, r_run = _admission_capped_rate(eng, x, limit, n_rank)
         admit_wait = max(n_rank / x - float(mix.z.mean()) - r_run - st.wait_mean, 0.0)
 
+    st.td_tag = _tagged_decode_step(eng, st, n_rank if isinstance(load, ClosedLoop) else None)
     ttft_law = _ttft_distribution(st, admit_wait + st.extra)  # quantiles, backlog, SLO
     ttft_q, ttft_mean = _ttft_quantiles(st, admit_wait + st.extra, ttft_law)
     tpot_q, dists = _tpot_quantiles(eng, st, x, n_rank if isinstance(load, ClosedLoop)
@@ -832,13 +839,23 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         ttft_s=dict(zip(names, map(float, ttft_q), strict=True)),
         tpot_s={n: float(v) / eng.q for n, v in zip(names, tpot_q, strict=True)},
         interactivity_tok_s={n: eng.q / float(v) for n, v in zip(names, tpot_q, strict=True)},
-        mean_ttft_s=ttft_mean, mean_tpot_s=float(st.tbar) / eng.q, tpgs=float(tpgs),
+        mean_ttft_s=ttft_mean, mean_tpot_s=float(st.tbar + st.td_seen - st.td) / eng.q,
+        tpgs=float(tpgs),
         output_tokens_per_s_per_gpu=float(out_tps), requests_per_s=float(x_rep),
         concurrency=float(concurrency), decode_batch_per_rank=float(st.b),
         prefill_step_share=float(st.share), hit_rate=float(hit), bounded_by=bounded,
         goodput_requests_per_s=good, slo_attainment=attain, policy=policy.as_dict(),
         cache=cache.summary() if cache else None, mean_reload_s=eng.mean_delay,
         e2e_interactivity_tok_s={n: float(v) for n, v in zip(names, e2e_q, strict=True)})
+
+
+def _tagged_decode_step(eng: _Engine, st: _State, n_rank: float | None) -> float:
+    """The decode step a decoding request sees. The time-average batch b counts idle time; a
+    request that decodes sees itself plus the others decoding (Palm expectation): 1 + b with
+    Poisson arrivals, 1 + b (n - 1) / n with n closed-loop sessions on the rank (each decoding
+    with probability b / n). At light load this is 1-2 sequences where b is below one."""
+    others = st.b * (1.0 - 1.0 / n_rank) if n_rank else st.b
+    return max(eng.decode_step(1.0 + max(others, 0.0)), st.td)
 
 
 def _live_sessions(workload: Workload, load: Load, seed: int) -> float:

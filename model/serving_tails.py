@@ -306,7 +306,7 @@ def _tpot_cdf(st: _State, dists, grid: np.ndarray) -> np.ndarray:
     cdf = np.zeros_like(grid)
     total = sum(d[1] for d in dists)
     for win, weight, y, pmf, _ in dists:
-        vals = st.td + y / win
+        vals = st.td_seen + y / win
         cdf_b = np.interp(grid, vals, np.cumsum(pmf) / pmf.sum(), left=0.0, right=1.0)
         cdf += weight / total * cdf_b
     return np.maximum.accumulate(np.clip(cdf, 0.0, 1.0))
@@ -316,11 +316,11 @@ def _tpot_quantiles(eng, st, x, n_rank, ttft_law):
     dists = _tpot_distributions(eng, st, x, n_rank, ttft_law)
     if not dists:
         return np.full(len(QUANTILES), st.tbar), dists
-    hi = max(st.td + float(y[-1]) / win for win, _, y, _, _ in dists)
-    lo = max(min(st.td + float(y[0]) / win for win, _, y, _, _ in dists), 0.0)
+    hi = max(st.td_seen + float(y[-1]) / win for win, _, y, _, _ in dists)
+    lo = max(min(st.td_seen + float(y[0]) / win for win, _, y, _, _ in dists), 0.0)
     # log-spaced too: short windows behind a queued long run reach far beyond the median
     grid = np.unique(np.r_[np.linspace(lo, hi, 2001),
-                           np.geomspace(max(lo, 0.05 * st.td, 1e-9), hi, 6001)])
+                           np.geomspace(max(lo, 0.05 * st.td_seen, 1e-9), hi, 6001)])
     cdf = _tpot_cdf(st, dists, grid)
     return quantiles_from_cdf(cdf, grid, QUANTILES), dists
 
@@ -359,7 +359,7 @@ def _e2e_interactivity(st: _State, ttft_law, dists, q: float) -> np.ndarray:
         b = np.bincount(((np.asarray(y) - lo_y) / h).astype(int), pmf / pmf.sum(), minlength=n_y)
         n = n_t + n_y
         z = np.maximum(np.fft.irfft(np.fft.rfft(a, n) * np.fft.rfft(b, n), n), 0.0)
-        grid = (np.arange(n) + 0.5) * h + lo_y + win * st.td
+        grid = (np.arange(n) + 0.5) * h + lo_y + win * st.td_seen
         parts.append((grid / (win * q + 1.0), np.cumsum(z) / z.sum(), weight))
     total = sum(w for _, _, w in parts)
     lo = max(min(float(g[0]) for g, _, _ in parts), 1e-9)
