@@ -155,3 +155,24 @@ def recipe_settings(arch_name: str, precision: str | None = None, kv_dtype: str 
     return (precision if precision is not None else r.precision_on(hw),
             kv_dtype if kv_dtype is not None else r.kv_dtype,
             r.spec_on(hw) if speculative else SPEC_OFF)
+
+
+def acceptance_for_tokens(tokens: int, acceptance_length: float, k: int) -> float:
+    """Acceptance length with `k` draft tokens, from a measured one with `tokens` drafts, when
+    each draft position is accepted with the same probability p given the previous ones
+    (AL(n) = 1 + p + ... + p^n, p solved from the measured point): the standard i.i.d.
+    acceptance model of speculative decoding (Leviathan et al. 2023, eq. 1). Used where a
+    deployment drafts fewer tokens than its recipe's golden acceptance length was measured at."""
+    from scipy.optimize import brentq
+
+    if k <= 0 or tokens <= 0:
+        return 1.0
+    if not 1.0 <= acceptance_length <= 1.0 + tokens:
+        raise SpecError("recipe", "acceptance_length",
+                        f"{acceptance_length:g} must lie in [1, 1 + {tokens}]")
+    if acceptance_length >= 1.0 + tokens - 1e-12:
+        return 1.0 + k
+    if acceptance_length <= 1.0 + 1e-12:
+        return 1.0
+    p = brentq(lambda q: sum(q**i for i in range(tokens + 1)) - acceptance_length, 0.0, 1.0)
+    return float(sum(p**i for i in range(k + 1)))
