@@ -851,11 +851,13 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
 
 def _tagged_decode_step(eng: _Engine, st: _State, n_rank: float | None) -> float:
     """The decode step a decoding request sees. The time-average batch b counts idle time; a
-    request that decodes sees itself plus the others decoding (Palm expectation): 1 + b with
-    Poisson arrivals, 1 + b (n - 1) / n with n closed-loop sessions on the rank (each decoding
-    with probability b / n). At light load this is 1-2 sequences where b is below one."""
-    others = st.b * (1.0 - 1.0 / n_rank) if n_rank else st.b
-    return max(eng.decode_step(1.0 + max(others, 0.0)), st.td)
+    request that decodes sees itself plus the others decoding (Palm expectation): 1 + b on its
+    rank with Poisson arrivals, 1 + b (n - 1) / n with n closed-loop sessions on the rank (each
+    decoding with probability b / n). At light load this is 1-2 sequences where b is below one.
+    On lock-stepped DP ranks only the own rank carries the extra sequence: the step sees
+    dp * b + 1 - b / n decodes in all (the table's per-rank batch b + (1 - b / n) / dp)."""
+    extra = 1.0 - (st.b / n_rank if n_rank else 0.0)
+    return max(eng.decode_step(st.b + max(extra, 0.0) / eng.dp), st.td)
 
 
 def _live_sessions(workload: Workload, load: Load, seed: int) -> float:
