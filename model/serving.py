@@ -468,8 +468,9 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
     # per-step extension second moment from the runs (k steps of height E/k each)
     h = ext / np.maximum(k, 1.0)
     ext2 = x * tbar * float(np.mean(k * h * h))
-    # ... only when a step is in flight: the engine idles when nothing decodes or prefills
-    busy = 1.0 - np.exp(-(b + x * float(k.mean()) * tbar))
+    # ... only when a step is in flight: the engine idles when nothing decodes or prefills on
+    # any rank (lock-stepped ranks step together while one of them has work)
+    busy = 1.0 - np.exp(-eng.dp * (b + x * float(k.mean()) * tbar))
     in_flight = busy * (td * td + 2.0 * td * (tbar - td) + ext2) / (2.0 * tbar)
     shots = None
     # with prefill_schedule_interval N a prompt's k chunks run N steps apart: its own span is

@@ -234,3 +234,29 @@ def test_e2e_normalized_interactivity_agrees_on_agentx_sessions():
     for name in ("agentx-pop64-n48", "agentx-pop64-n48-t512"):
         d = agreement(name)
         assert abs(d["e2e_p90"]) < 0.10, (name, d)
+
+
+def test_agreement_verdict_tells_noise_from_error():
+    # issue #4: within 10% of the simulated mean agrees; beyond it but within 10% of a value
+    # inside the mean's 95% interval is noise (the simulation cannot tell); beyond both parts
+    from model.serving_agreement import verdict
+
+    assert verdict(0.08, 0.0) == "agrees"
+    assert verdict(-0.15, 0.07) == "noise"
+    assert verdict(0.15, 0.03) == "parts"
+
+
+def test_agreement_compares_with_the_mean_of_the_seeds_and_its_student_interval():
+    # five seeds of TPGS 10..14: mean 12, sample sd 1.5811, 95% half-width t(0.975, 4) = 2.776
+    # (Student's t table) x 1.5811 / sqrt(5) = 1.963, i.e. 16.4% of the mean
+    import pandas as pd
+
+    from model.serving_agreement import METRICS, closed_form, compare
+
+    name = "fixed-8k1k-think10-n16"
+    sims = pd.DataFrame([{"scenario": name, "seed": s, **{m: 1.0 for m in METRICS},
+                          "tpgs": 10.0 + s} for s in range(5)])
+    row = compare(sims, [name]).set_index("metric").loc["tpgs"]
+    assert row.sim_mean == pytest.approx(12.0)
+    assert row.half_width == pytest.approx(0.1636, abs=5e-4)
+    assert row.rel == pytest.approx(closed_form(name)["tpgs"] / 12.0 - 1.0)
