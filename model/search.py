@@ -351,7 +351,7 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
         t, t_prev, g_prev = _secant_step(t, t_new, t_prev, g_prev), t, t_new
     var = np.maximum(second / interval + t_quiet**2 * (1 - 1 / interval) - t_new**2, 0.0)
     tpot_p90 = t + Z90 * np.sqrt(var / np.maximum(traffic.output_p10 / tps, 1.0)) \
-        + _tagged_shift(table, b_mb, c_r / pp, which)
+        + _tagged_shift(table, b_mb, c_r / pp, which, t_quiet)
     limit = np.where(r >= r_lanes * (1 - 1e-6), "lanes",
                      np.where(r_kv <= r_budget, "kv_capacity", "prefill_budget"))
     queue = np.maximum(c_r / r - (ttft0 + o_step * t + z), 0.0)
@@ -475,7 +475,7 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
                                   link_bytes_per_s, senders)
     rho = rate / (x * lam_p)
     step_p90 = step + Z90 * _batch_step_sd(decode_table, which, b, conc / y, at_cap, traffic, tps) \
-        + np.where(at_cap, 0.0, _tagged_shift(decode_table, b, conc / y, which))
+        + np.where(at_cap, 0.0, _tagged_shift(decode_table, b, conc / y, which, step))
     # own prefill + FCFS wait at the P90 (token-sized steps: cap 1)
     ttft_p90 = traffic.fcfs_p90_chunks(1.0, np.minimum(rho, 0.999), miss) / thr_p + hand_p90 \
         + lower + queue
@@ -491,14 +491,15 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     return {k: np.ravel(v) for k, v in out.items()}
 
 
-def _tagged_shift(table: StepTable, b, lanes, which):
+def _tagged_shift(table: StepTable, b, lanes, which, base):
     """What the decode step a decoding request sees adds to the mean batch's: itself plus the
     others decoding, b + 1 - b / lanes in all (Palm expectation over a closed loop of `lanes`
     sessions; model.serving._tagged_decode_step is the same correction in the full closed form).
-    It matters at light load, where the time-average batch b counts idle time."""
+    It matters at light load, where the time-average batch b counts idle time. `base`: the
+    caller's decode step at b (table(0, b)), already looked up."""
     b = np.asarray(b, float)
     extra = np.maximum(1.0 - b / np.maximum(lanes, 1e-9), 0.0)
-    return np.maximum(table(0.0, b + extra, which) - table(0.0, b, which), 0.0)
+    return np.maximum(table(0.0, b + extra, which) - base, 0.0)
 
 
 def _batch_step_sd(decode_table: StepTable, which, b, lanes, at_cap, traffic: Traffic, tps):

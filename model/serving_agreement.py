@@ -346,6 +346,9 @@ def write_report(names=None, reuse_sims: bool = False) -> str:
         sims = pd.read_csv(SIMS)
     else:
         sims = simulations(names)
+        if names and SIMS.exists():  # a subset rerun keeps the other scenarios' stored runs
+            kept = pd.read_csv(SIMS)
+            sims = pd.concat([kept[~kept.scenario.isin(sims.scenario)], sims], ignore_index=True)
         write_atomic(SIMS, sims.to_csv(index=False, float_format="%.9g"))
     cmp = compare(sims, names)
     counts = cmp.verdict.value_counts()
