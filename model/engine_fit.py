@@ -21,8 +21,9 @@ Ten named factors per backend (vllm, sglang, trtllm) and two shared by all:
   waiting, attention-DP balancing; `model.check.engine_for_row`) were modeled;
 - `disagg_prefill_scale`: replaces `prefill_scale` on the prefill workers of disaggregated
   deployments (prefill-only steps under their own engine settings);
-- `disagg_decode_scale`: multiplies the decode step of disaggregated decode workers
-  (speculative decoding those deployments run and the records do not carry ends up here);
+- `disagg_decode_scale`: multiplies the decode step of disaggregated decode workers (what a
+  decode-only worker pays beyond the same batch in an aggregated engine; fitted 1.09 on SGLang,
+  1.21 on TensorRT-LLM on 2026-12-03);
 - `disagg_request_overhead_s`: the fixed per-request time of disaggregated deployments, whose
   requests take another path (router, prefill worker, KV transfer, decode worker);
 - shared: `benchmark_rounds`, requests per client of runs whose protocol does not say
@@ -30,8 +31,14 @@ Ten named factors per backend (vllm, sglang, trtllm) and two shared by all:
   share of later rounds that stay synchronized on a prefill-first scheduler when request
   lengths vary (the one cell of the arrival table where the two mechanisms compete).
 How synchronized the clients arrive is otherwise not fitted: `model.closed_loop` derives it from
-the benchmark protocol and the engine's scheduler. A backend with fewer than MIN_DISAGG_ROWS
-disaggregated runs keeps its disaggregated factors tied to the aggregated ones (`_tie`).
+the benchmark protocol and the engine's scheduler. Only runs whose deployment is recorded are fitted:
+a disaggregated run without worker counts (433 of 510; `model.check` infers the minimum that
+fits) leaves the batch per decode worker a guess, and those guesses pulled the decode factor
+the wrong way (0.72-0.76 fitted on all rows, while the 77 runs with recorded workers measured
+TPOT 37% above the model under them). They stay in the scores ("disagg inferred"). A backend
+with fewer than MIN_DISAGG_ROWS recorded disaggregated runs keeps its disaggregated prefill
+factor and request overhead tied to the aggregated ones and takes the decode factor pooled
+over the fitted backends (`_pool_decode`; vLLM: 3 rows).
 
 The kernel physics (model.roofline with the kernel fits of model.kernels) is computed once per
 run (`model.check.case_components`); the fit then only evaluates `closed_loop`, so it takes
@@ -150,34 +157,57 @@ def predict(df: pd.DataFrame, params: Params) -> tuple[np.ndarray, np.ndarray]:
     return ttft * 1e3, tpot * 1e3
 
 
-MIN_DISAGG_ROWS = 20  # below this, a backend's disaggregated factors are tied to its aggregated
+MIN_DISAGG_ROWS = 10  # below this many recorded disaggregated runs a backend's are tied
+FIT_DEPLOYMENTS = ("aggregated", "disagg recorded")  # model.check.deployment_kind groups fitted
 
 
-def _tie(v: np.ndarray) -> np.ndarray:
+def fit_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs the factors are fitted on: deployment recorded (see the module docstring)."""
+    return df[df["deployment"].isin(FIT_DEPLOYMENTS)].reset_index(drop=True)
+
+
+def _tie(v: np.ndarray, decode_scale: float = 1.0) -> np.ndarray:
     """A backend's factors with the disaggregated ones tied to the aggregated ones (prefill scale
-    and request overhead as aggregated, decode scale 1): for backends with too few
-    disaggregated runs to fit them (vLLM: 3 rows)."""
+    and request overhead as aggregated) and the pooled decode factor: for backends with too few
+    recorded disaggregated runs to fit them (vLLM: 3 rows)."""
     v = np.array(v, float)
     i = FITTED.index
     v[i("disagg_prefill_scale")] = v[i("prefill_scale")]
-    v[i("disagg_decode_scale")] = 1.0
+    v[i("disagg_decode_scale")] = decode_scale
     v[i("disagg_request_overhead_s")] = v[i("request_overhead_s")]
     return v
 
 
-def _unpack(vec, backends, tied=()) -> Params:
+def _pool_decode(per: dict, weights: dict) -> float:
+    """Disaggregated decode factor of the fitted backends, geometric mean weighted by their
+    recorded disaggregated runs (1 when none is fitted)."""
+    i = FITTED.index("disagg_decode_scale")
+    w = np.array([weights[b] for b in per], float)
+    if not len(w) or w.sum() <= 0:
+        return 1.0
+    logs = np.log([per[b][i] for b in per])
+    return float(np.exp(np.sum(w * logs) / w.sum()))
+
+
+def _unpack(vec, backends, tied=(), weights=None) -> Params:
     per = {b: vec[_N * i: _N * i + _N] for i, b in enumerate(backends)}
-    return {"backends": {b: _tie(v) if b in tied else v for b, v in per.items()},
+    free = {b: v for b, v in per.items() if b not in tied}
+    pooled = _pool_decode(free, weights or {b: 1.0 for b in free})
+    return {"backends": {b: _tie(v, pooled) if b in tied else v for b, v in per.items()},
             "shared": vec[_N * len(backends):]}
 
 
+def _disagg_counts(df: pd.DataFrame) -> dict:
+    return df[df["mode"] == "disagg"]["backend"].value_counts().to_dict()
+
+
 def _tied(df: pd.DataFrame) -> tuple[str, ...]:
-    counts = df[df["mode"] == "disagg"]["backend"].value_counts()
+    counts = _disagg_counts(df)
     return tuple(b for b in sorted(df["backend"].unique()) if counts.get(b, 0) < MIN_DISAGG_ROWS)
 
 
-def _residuals(vec, df, backends, tied=()):
-    ttft, tpot = predict(df, _unpack(vec, backends, tied))
+def _residuals(vec, df, backends, tied=(), weights=None):
+    ttft, tpot = predict(df, _unpack(vec, backends, tied, weights))
     return np.concatenate([np.log(ttft / df["ttft_ms"].to_numpy()),
                            np.log(tpot / df["tpot_ms"].to_numpy())])
 
@@ -191,26 +221,28 @@ STARTS = ({}, {"moe_prefill_scale": 1.5, "disagg_prefill_scale": 1.5, "first_tok
 
 def fit(df: pd.DataFrame) -> Params:
     """Robust least-squares fit (Cauchy loss, f_scale 0.2, on log ratios) of the factors per
-    backend present in `df` and of the shared ones (disaggregated factors tied for backends
-    with fewer than MIN_DISAGG_ROWS disaggregated runs)."""
+    backend present in `df` and of the shared ones, on `fit_rows(df)` (disaggregated factors
+    tied for backends with fewer than MIN_DISAGG_ROWS recorded disaggregated runs)."""
     from scipy.optimize import least_squares
 
+    df = fit_rows(df)
     backends = sorted(df["backend"].unique())
     nb = len(backends)
     x0 = np.concatenate([np.tile(_X0, nb), _SHARED_X0])
     lo = np.concatenate([np.tile(_LO, nb), _SHARED_LO])
     hi = np.concatenate([np.tile(_HI, nb), _SHARED_HI])
     tied = _tied(df)
+    weights = {b: n for b, n in _disagg_counts(df).items() if b not in tied}
     best = None
     for start in STARTS:
         x = x0.copy()
         for name, value in start.items():
             x[[FITTED.index(name) + _N * b for b in range(nb)]] = value
-        res = least_squares(_residuals, np.clip(x, lo, hi), args=(df, backends, tied),
+        res = least_squares(_residuals, np.clip(x, lo, hi), args=(df, backends, tied, weights),
                             loss="cauchy", f_scale=0.2, bounds=(lo, hi))
         if best is None or res.cost < best.cost:
             best = res
-    return _unpack(best.x, backends, tied)
+    return _unpack(best.x, backends, tied, weights)
 
 
 def _errors(df: pd.DataFrame, ttft, tpot) -> dict:
@@ -266,11 +298,15 @@ def run(path=E2E_CSV, write: bool = True) -> dict:
         "fitted_on": "data/calibration/e2e_measured.csv (copy of ../shared/data/calibration/"
                      "e2e_measured.csv: aiconfigurator-core 0.12.0 silicon_sample, NVIDIA)",
         "method": "scipy.optimize.least_squares, cauchy (f_scale 0.2) on log(pred/measured) of "
-                  "mean TTFT and mean TPOT, lowest cost of the STARTS starting points; kernels "
+                  "mean TTFT and mean TPOT of the runs whose deployment is recorded (disaggregated "
+                  "runs without worker counts scored, not fitted), lowest cost of the STARTS "
+                  "starting points; vLLM's disaggregated decode factor pooled from SGLang and "
+                  "TensorRT-LLM (too few recorded vLLM runs); kernels "
                   "from model.roofline (data/calibration/kernels.yaml); closed loop from "
                   "model.closed_loop.closed_loop with the admission settings of "
                   "model.check.engine_for_row",
-        "rows": int(len(table)), "rows_fitted": int(len(df)),
+        "rows": int(len(table)), "rows_scored": int(len(df)),
+        "rows_fitted": int(len(fit_rows(df))),
         "backends": {b: {name: float(v) for name, v in zip(FITTED, vec, strict=True)}
                      for b, vec in params["backends"].items()},
         "shared": {name: float(v) for name, v in zip(SHARED, params["shared"], strict=True)},

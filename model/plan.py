@@ -16,7 +16,7 @@ Documented assumptions (the same for every model and chip, no per-row factors):
   by default, sticky sessions; the hit rate by tier at the candidate's sessions per replica from
   model.cache_model; evicted prefixes are recomputed, host hits reloaded (model.tiers);
 - engine: vLLM defaults (8192 batched tokens, 256 seqs per DP rank), the calibrated engine factors
-  of `model.step`; thresholds searched among {off, 512, 2048}, prefill interval among {1, 2};
+  of `model.step` (disaggregated decode workers: their own decode factor); thresholds searched among {off, 512, 2048}, prefill interval among {1, 2};
 - KV hand-off: only the turn's new tokens move (sticky sessions on decode), packed layout;
 - cost: owned TCO (SemiAnalysis `costh`, the post's basis); API equivalent from the workload's
   own token mix at Opus 5 prices.
@@ -435,7 +435,11 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
                          "gpus": pm.plan.gpus, "max_rps": lam, "max_rps_per_gpu": lam / pm.plan.gpus,
                          "at_interactivity_tok_s": np.nan})
     batches = np.array([DECODE_BATCHES * pm.plan.dp for pm in decode_models])
+    # decode-only workers run slower than the same batch in an aggregated engine
+    # (EngineFactors.disagg_decode_scale, fitted on the recorded disaggregated runs)
+    d_scale = np.array([pm.step.factors.disagg_decode_scale for pm in decode_models])
     steps = np.array([pm.table(0.0, b) for pm, b in zip(decode_models, batches, strict=True)])
+    steps = steps * d_scale[:, None]
     tps = np.array([pm.tokens_per_step for pm in decode_models])
     kv_batch = np.array([pm.kv_tokens / traffic.context_mean for pm in decode_models])
     b_cap = np.minimum(kv_batch, np.array([max_num_seqs * pm.plan.dp for pm in decode_models]))
@@ -464,8 +468,8 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
         return pd.DataFrame(), pd.DataFrame(sat_rows)
     combo = np.concatenate(parts)
     conc = np.sort(np.asarray(concurrency, float))
-    args = (combo, prefill_models, decode_models, StepTable.stack([pm.table for pm in
-                                                                   decode_models]),
+    args = (combo, prefill_models, decode_models,
+            StepTable.stack([pm.table for pm in decode_models], d_scale),
             t_p, chunk_p, b_cap, tps, traffic, kv_bytes_per_token, link_bytes_per_s,
             cache_inputs, prefill_hw)
     frame = _disaggregated_frame(*args, np.repeat(np.arange(len(combo)), len(conc)),

@@ -189,7 +189,9 @@ class StepTable:
         return self._tables_one
 
     @classmethod
-    def stack(cls, tables: list[StepTable]) -> StepTable:
+    def stack(cls, tables: list[StepTable], scales=None) -> StepTable:
+        """One table of several plans; `scales` multiplies each plan's step times (the
+        disaggregated decode workers' engine factor)."""
         first = tables[0]
         for t in tables[1:]:
             if not (np.array_equal(t.p_grid, first.p_grid) and np.array_equal(t.b_grid,
@@ -199,8 +201,10 @@ class StepTable:
         out.step_model = None
         out.p_grid, out.b_grid = first.p_grid, first.b_grid
         out._set_log_grid()
-        out.tables = np.concatenate([t.tables for t in tables])
-        out._tables_one = np.concatenate([t.tables_one for t in tables])
+        k = np.ones(len(tables)) if scales is None else np.asarray(scales, float)
+        out.tables = np.concatenate([t.tables * f for t, f in zip(tables, k, strict=True)])
+        out._tables_one = np.concatenate([t.tables_one * f for t, f in zip(tables, k,
+                                                                             strict=True)])
         return out
 
     def __call__(self, prefill_tokens, decode_seqs, which=0) -> np.ndarray:

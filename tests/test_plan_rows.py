@@ -4,10 +4,12 @@ documented deployment recipes (data/deployments/), AgentX v1.0 traffic as SemiAn
 and the finite prefix cache; no per-row factors.
 
 What the model says about each row (the issue asks for 25%; the closing note gives the figures):
-- DeepSeek V4 Pro on 12 GB300, 83K TPGS at 256 sessions: within 25%, at about the post's
-  concurrency; the post's deployment shape (one DEP4 prefill tray, one DEP8 decode pair of trays)
-  too. The search prefers the mirror split (8 prefill : 4 decode GPUs): with MTP (acceptance
-  length 2.49) four decode GPUs keep up with eight prefill GPUs at 50 tok/s.
+- DeepSeek V4 Pro on 12 GB300, 83K TPGS at 256 sessions: within 25% (-16%), on the post's
+  deployment shape (one DEP4 prefill tray, one DEP8 decode pair of trays). Since the decode
+  workers carry their calibrated disaggregated factor (model.engine_fit, 2026-12-03) the four
+  decode GPUs of the mirror split no longer keep up at 50 tok/s; the post's shape meets the SLO
+  up to its prefill worker's saturation, which the search reaches at ~500 sessions (the post
+  stopped at 256, where the model gives 62K).
 - MiniMax M3 on 2 B300, 70K at 24 sessions: InferenceX's AgentX recipe for this very point (TP2,
   24 sessions) serves NVIDIA's experts-only NVFP4 export with an FP8 index-key cache, so the KV
   pool is ~129 GB per GPU, not the ~35 GB MXFP8 would leave. At the post's 24 sessions: within
@@ -89,16 +91,16 @@ def test_deepseek_v4_pro_on_12_gb300_row():
     r = plan("deepseek-v4-pro", "gb300-nvl72", 12, WORKLOAD, SLO)
     best = r.best
     assert best["tpgs"] == pytest.approx(post["tpgs"], rel=0.25)
-    assert best["concurrency"] == pytest.approx(post["concurrency"], rel=0.25)
     assert best["mode"] == "disaggregated" and best["gpus"] == 12
+    # the post's shape, held at the SLO by its one prefill worker, not by decode (measured
+    # 2026-12-03: 513 sessions, P90 interactivity 65 tok/s, limit prefill_rate)
+    assert (best["plan"], best["decode_plan"], best["x"], best["y"]) == ("dp4-ep4", "dp8-ep8", 1, 1)
+    assert best["limit"] == "prefill_rate" and best["concurrency"] >= post["concurrency"]
     c = r.candidates
     post_shape = c[(c["mode"] == "disaggregated") & (c["plan"] == "dp4-ep4")
                    & (c["decode_plan"] == "dp8-ep8") & (c["x"] == 1) & (c["y"] == 1)
                    & c["feasible"] & (c["p90_interactivity_tok_s"] >= SLO)]
     assert post_shape["tpgs"].max() == pytest.approx(post["tpgs"], rel=0.25)
-    # the mirror split: more prefill than decode GPUs
-    p_gpus = best["x"] * r.deployment.prefill.plan.gpus
-    assert p_gpus > best["gpus"] - p_gpus
 
 
 @pytest.mark.slow

@@ -80,6 +80,11 @@ def test_step_table_matches_model_on_grid_and_between():
     stacked = StepTable.stack([table, StepTable(ConstantStep(0.5), 1, 1, 0, 0,
                                                 grid=(table.p_grid, table.b_grid))])
     assert float(stacked(100.0, 10.0, which=1)) == pytest.approx(0.5)
+    # per-plan scales (disaggregated decode workers' factor) multiply that plan's steps only
+    scaled = StepTable.stack([table, StepTable(ConstantStep(0.5), 1, 1, 0, 0,
+                                               grid=(table.p_grid, table.b_grid))], [1.0, 1.2])
+    assert float(scaled(100.0, 10.0, which=1)) == pytest.approx(0.6)
+    assert float(scaled(2000.0, 100.0, which=0)) == float(table(2000.0, 100.0))
 
 
 def test_aggregated_constant_step_closed_form():
@@ -252,3 +257,33 @@ def test_disaggregated_p90_step_carries_the_decode_batch_fluctuation():
     # at the decode cap queued lanes keep every slot full: no fluctuation
     assert _batch_step_sd(table, 0, np.array([30.0]), np.array([100.0]), np.array([True]), tr,
                           1.0)[0] == 0.0
+
+
+def test_disaggregated_decode_workers_take_their_engine_factor():
+    # Decode-only workers run slower than the same batch in an aggregated engine: the search
+    # multiplies their steps by EngineFactors.disagg_decode_scale (fitted on the calibration
+    # runs with recorded workers, model.engine_fit). Constant 20 ms steps with a factor 1.25:
+    # every disaggregated candidate decodes at 25 ms, and the decode saturation row's
+    # interactivity is 1 / 0.025 = 40 tok/s (one token per step).
+    from model.plan import _PlanModel, search_disaggregated
+    from model.step import EngineFactors
+
+    tr = _traffic()
+    grid = StepTable(ConstantStep(0.02), tr.context_mean, 8192, 8192, 512)
+    grid = (grid.p_grid, grid.b_grid)
+
+    @dataclass
+    class FactoredStep(ConstantStep):
+        factors: EngineFactors = EngineFactors(disagg_decode_scale=1.25)
+
+    def model(t):
+        step = FactoredStep(t)
+        return _PlanModel(ParallelPlan(), "h100-sxm", step,
+                          StepTable(step, tr.context_mean, 8192, 0, 0, grid=grid), 1e9, 1.0,
+                          tr.context_mean)
+
+    frame, sat = search_disaggregated([model(0.5)], [model(0.02)], tr, 2, 1e5, 1e11, 8192, 0.0,
+                                      [4.0, 16.0])
+    assert np.allclose(frame["step_time_s"], 0.025)
+    decode = sat[sat["phase"] == "decode"].iloc[0]
+    assert decode["at_interactivity_tok_s"] == pytest.approx(40.0)
