@@ -378,6 +378,10 @@ class _State:
     # threshold mode: whether other runs' arrivals answer to longer steps (_ttft_shared; not on
     # lock-stepped ranks)
     excite: bool = False
+    # FCFS: (admit wait, grid step, pmf) of the queue's wait, shared by the TTFT laws of subsets
+    _wait_law_cache: tuple | None = None
+    # threshold mode: (shift, per own-window bin: requests, grid step, others' shot pmf)
+    _shared_cache: tuple | None = None
     slots: LockstepSlots | None = None  # FCFS on lock-stepped ranks: the slot picture
     # threshold mode on lock-stepped ranks: (mean chunk extension, chunks per rank per
     # admitting step, ranks) of the mean step's busiest-rank law
@@ -822,7 +826,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     ttft_q, ttft_mean = _ttft_quantiles(st, admit_wait + st.extra, ttft_law)
     tpot_q, dists = _tpot_quantiles(eng, st, x, n_rank if isinstance(load, ClosedLoop)
                                     else None, ttft_law)
-    e2e_q = _e2e_interactivity(st, ttft_law, dists, eng.q)
+    e2e_q = _e2e_interactivity(eng, st, admit_wait + st.extra, dists)
     x_rep = x * dp
     tpgs = x_rep * float(np.mean(mix.c + mix.o)) / gpus
     out_tps = x_rep * float(mix.o.mean()) / gpus

@@ -277,19 +277,23 @@ PREFACE = (
     "rank, masked by the own chunk on lock-stepped ranks); a decode window sees the prefill "
     "runs arriving during it, the prompts queued behind its own (FCFS backlog) and the decode "
     "batch it joins (itself plus the others decoding, 2026-12-03: TPOT P50 at light load had "
-    "been 5-10% short); on lock-stepped ranks the slowest rank's chunk sets each step. Until "
+    "been 5-10% short); E2E pairs each output length with its own requests' TTFT; on "
+    "lock-stepped ranks the slowest rank's chunk sets each step. Until "
     "2026-12-02 the table compared one seed per scenario (67 entries beyond 10%); it now "
     "compares the mean of several, and tells noise from error.")
 
 # why an entry parts: (scenario substring, metric prefix, reason); first match wins
 _REASONS = (
+    ("-indep", "e2e",
+     "E2E = TTFT + the output's decode time, so it carries this row's own TTFT (agentx-n48) or "
+     "TPOT (agentx-n48-t512) tail, which parts here too"),
     ("", "e2e",
-     "the E2E law convolves the TTFT law of all requests with each output window's decode law "
-     "as if the two were independent (model.serving_tails), but in sessions a long prompt tends "
-     "to come with a long output (Spearman 0.24 between TTFT and output length in "
-     "agentx-pop16-n16-t512's simulation) and a long output dilutes its TTFT; pairing them at "
-     "random in that simulation slows its P90 by 6%, part of the gap, the rest not yet "
-     "explained"),
+     "the E2E law pairs each output bin with its own requests' TTFT law (since 2026-12-03: "
+     "long prompts come with long outputs, Spearman 0.24, and a long output dilutes its TTFT; "
+     "that took this row from -15.2% to -13.0%), but within a bin it takes TTFT and the decode "
+     "window's steps as independent; in a session a lane's long prompt also meets the steps "
+     "its own session's neighbours load, not a fresh draw (agentx-n16-t512-indep, the same load "
+     "with turns drawn independently, agrees)"),
     ("agentx-sample-n16", "ttft",
      "the replay of 20 recorded sessions: the closed form draws the request mix independently, "
      "while a replaying lane stays in its session, so the heavy prefill tail clusters in a few "

@@ -29,29 +29,60 @@ if TYPE_CHECKING:
 QUANTILES = (0.5, 0.9, 0.99)
 
 TTFT_GRID = 2**15
+E2E_TTFT_GROUPS = 5  # TTFT laws by output length the E2E law pairs (`_e2e_interactivity`)
 TPOT_GRID = 4096
 WINDOW_BINS = 20
 
 
-def _ttft_distribution(st: _State, admit_wait: float) -> tuple[np.ndarray, np.ndarray]:
+def _ttft_distribution(st: _State, admit_wait: float, sel=None) -> tuple[np.ndarray, np.ndarray]:
     """(grid, pmf) of TTFT: own prefill time (+ FCFS M/G/1 wait, exact P-K transform); with a
     threshold, own chunks at the decode step time + the other prefills' extensions landing in
-    the same steps (compound Poisson over a window of the request's own chunk count)."""
-    base = st.ttft_base + admit_wait
-    if st.delay is not None:
-        base = base + st.delay
+    the same steps (compound Poisson over a window of the request's own chunk count).
+    `sel` (indices into the request mix): the TTFT law of those requests only, their own
+    prefill against the queue of the whole mix (same grid and wait law)."""
     if st.shots is not None:
-        return _ttft_shared(st, admit_wait)
-    weights = np.full(len(base), 1.0 / len(base))
-    if st.tail_q is not None:  # mixture: the last step shared with the next prompt or not
-        weights = np.r_[weights * (1.0 - st.tail_q), weights * st.tail_q]
-        base = np.r_[base, base + st.tail_ext]
-    if st.run_offsets is not None:  # mixture: another rank mid-run at arrival or not
-        base = ((base - st.extra)[:, None] + st.run_offsets[None, :]).ravel()
-        weights = (weights[:, None] * st.run_weights[None, :]).ravel()
+        return _ttft_shared(st, admit_wait, sel)
+    base, weights = _own_ttft(st, admit_wait, sel)
     if st.rho_p <= 0 or st.wait_mean <= 0:
         order = np.argsort(base)
         return base[order], weights[order]
+    dt, wait_hat = _wait_law(st, admit_wait)
+    own = np.bincount(np.minimum((base / dt).astype(int), TTFT_GRID - 1), weights,
+                      minlength=TTFT_GRID).astype(float)
+    own /= own.sum()
+    pmf = np.maximum(np.fft.irfft(wait_hat * np.fft.rfft(own, 2 * TTFT_GRID),
+                                  2 * TTFT_GRID)[:TTFT_GRID], 0.0)
+    return np.arange(TTFT_GRID) * dt, pmf / pmf.sum()
+
+
+def _own_ttft(st: _State, admit_wait: float, sel=None) -> tuple[np.ndarray, np.ndarray]:
+    """FCFS: (values, weights) of the TTFT outside the queue's wait, per request of `sel` (all
+    by default), with the mixtures over a shared last step and another rank mid-run."""
+    base = st.ttft_base if sel is None else st.ttft_base[sel]
+    base = base + admit_wait
+    if st.delay is not None:
+        base = base + (st.delay if sel is None else st.delay[sel])
+    tail_q, tail_ext = st.tail_q, st.tail_ext
+    if sel is not None and tail_q is not None:
+        tail_q = np.broadcast_to(tail_q, st.ttft_base.shape)[sel]
+        tail_ext = np.broadcast_to(tail_ext, st.ttft_base.shape)[sel]
+    weights = np.full(len(base), 1.0 / len(base))
+    if tail_q is not None:  # mixture: the last step shared with the next prompt or not
+        weights = np.r_[weights * (1.0 - tail_q), weights * tail_q]
+        base = np.r_[base, base + tail_ext]
+    if st.run_offsets is not None:  # mixture: another rank mid-run at arrival or not
+        base = ((base - st.extra)[:, None] + st.run_offsets[None, :]).ravel()
+        weights = (weights[:, None] * st.run_weights[None, :]).ravel()
+    return base, weights
+
+
+def _wait_law(st: _State, admit_wait: float) -> tuple[float, np.ndarray]:
+    """(dt, rfft of the pmf zero-padded to 2 TTFT_GRID) of the FCFS wait on the TTFT grid, sized
+    on every request's own TTFT so that subsets share it; computed once per state."""
+    cached = getattr(st, "_wait_law_cache", None)
+    if cached is not None and cached[0] == admit_wait:
+        return cached[1], cached[2]
+    base, _ = _own_ttft(st, admit_wait)
     service = st.ttft_base
     t_max = max(4.0 * float(service.max()), 1.5 * float(base.max())) \
         + 40.0 * st.wait_mean / max(st.rho_p, 0.05)
@@ -64,16 +95,12 @@ def _ttft_distribution(st: _State, admit_wait: float) -> tuple[np.ndarray, np.nd
         grid = np.arange(TTFT_GRID) * dt
         cdf = np.interp(grid / st.wait_scale, grid, np.cumsum(wait))
         wait = np.diff(cdf, prepend=0.0)
-    own = np.bincount(np.minimum((base / dt).astype(int), TTFT_GRID - 1), weights,
-                      minlength=TTFT_GRID).astype(float)
-    own /= own.sum()
-    pmf = np.maximum(np.fft.irfft(np.fft.rfft(wait, 2 * TTFT_GRID)
-                                  * np.fft.rfft(own, 2 * TTFT_GRID), 2 * TTFT_GRID)[:TTFT_GRID],
-                     0.0)
-    return np.arange(TTFT_GRID) * dt, pmf / pmf.sum()
+    wait_hat = np.fft.rfft(wait, 2 * TTFT_GRID)
+    st._wait_law_cache = (admit_wait, dt, wait_hat)
+    return dt, wait_hat
 
 
-def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
+def _ttft_shared(st: _State, shift: float, pick=None) -> tuple[np.ndarray, np.ndarray]:
     """Threshold mode: own chunks + the other prefills' extensions landing in the own steps.
 
     Runs arrive in wall time, so the step clock sees them self-excited: a longer step lets more
@@ -89,6 +116,28 @@ def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
     think times (fixed 8K, 10 s think: P99 -18% without it), not for AgentX's long prompts
     against short tool gaps (replayed sample: P99 +26% / +34% with it), where the idle pool
     that could arrive is small."""
+    keep = None
+    if pick is not None:  # the TTFT law of these requests: their own-window bins' laws, mixed
+        keep = np.zeros(len(st.shots[4]), bool)
+        keep[pick] = True
+    grids, masses = [], []
+    for members, grid, conv in _shared_bins(st, shift):
+        count = len(members) if keep is None else int(keep[members].sum())
+        if count:
+            grids.append(grid)
+            masses.append(conv * count)
+    grid, mass = np.concatenate(grids), np.concatenate(masses)
+    order = np.argsort(grid, kind="stable")
+    return grid[order], mass[order] / mass.sum()
+
+
+def _shared_bins(st: _State, shift: float) -> list:
+    """Threshold mode: per bin of own window (steps), its requests, its grid and the TTFT pmf of
+    its requests (own time + the other runs' extensions landing in it, `_ttft_shared`);
+    computed once per state."""
+    cached = st._shared_cache
+    if cached is not None and cached[0] == shift:
+        return cached[1]
     lam, heights, k, steps_own, own = st.shots
     h_own = np.maximum(own - steps_own * st.td, 0.0) / np.maximum(steps_own, 1.0)
     if st.delay is not None:
@@ -100,7 +149,7 @@ def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
         1.0 if st.gaps is None else _arrivals_kept(st.gaps, k * st.tbar))
     bias = 1.0 + heights / (st.tbar * (1.0 - eta))
     n = 2**13
-    grids, masses = [], []
+    out = []
     for b in np.unique(which):  # each window bin on its own grid (their spans differ by 1e3x)
         sel = which == b
         win = float(np.median(steps_own[sel]))
@@ -123,11 +172,9 @@ def _ttft_shared(st: _State, shift: float) -> tuple[np.ndarray, np.ndarray]:
                            minlength=n).astype(float)
         conv = np.fft.irfft(np.fft.rfft(pmf, 2 * n) * np.fft.rfft(hist, 2 * n), 2 * n)[:n]
         conv = np.maximum(conv, 0.0)
-        grids.append(np.arange(n) * dt)
-        masses.append(conv * (sel.sum() / max(conv.sum(), 1e-300)))
-    grid, mass = np.concatenate(grids), np.concatenate(masses)
-    order = np.argsort(grid, kind="stable")
-    return grid[order], mass[order] / mass.sum()
+        out.append((np.flatnonzero(sel), np.arange(n) * dt, conv / max(conv.sum(), 1e-300)))
+    st._shared_cache = (shift, out)
+    return out
 
 
 def _others_above(h: np.ndarray, c: float, m: float, dp: int) -> np.ndarray:
@@ -335,30 +382,44 @@ def _slo_attainment(st, ttft_law, dists, slo_inter, slo_ttft) -> float:
     return ok
 
 
-def _e2e_interactivity(st: _State, ttft_law, dists, q: float) -> np.ndarray:
+def _e2e_interactivity(eng: _Engine, st: _State, admit_wait: float, dists) -> np.ndarray:
     """Quantiles of InferenceX AgentX's "E2E normalized interactivity", 1 / pXX of E2EL / OSL
     (its North Star metric: TTFT counts, spread over the request's output), where E2EL = TTFT +
-    window x decode step and OSL = window x q + 1 per window bin; TTFT independent of the
-    window's steps. Returned in tok/s, in QUANTILES order (P90 = the rate 90% of requests get)."""
+    window x decode step and OSL = window x q + 1 per window bin. Each window bin pairs with the
+    TTFT law of its own requests, grouped with neighbouring bins into E2E_TTFT_GROUPS groups of
+    about equal requests (long prompts come with long outputs in agentic sessions, and a long
+    output dilutes its TTFT; the queue they meet is the whole mix's); within a bin TTFT and the
+    window's steps are independent. Returned in tok/s, in QUANTILES order (P90 = the
+    rate 90% of requests get)."""
     if not dists:
         return np.full(len(QUANTILES), np.nan)
-    t_val, t_p = (np.asarray(a, float) for a in ttft_law)
-    keep = t_p > 0
-    t_val, t_p = t_val[keep], t_p[keep] / t_p[keep].sum()
-    # the TTFT grid runs far past its mass (headroom for the wait): clip at 1 - 1e-7
-    t_hi = float(t_val[min(np.searchsorted(np.cumsum(t_p), 1.0 - 1e-7), len(t_val) - 1)])
-    t_val = np.minimum(t_val, t_hi)
+    q = eng.q
+    idx = np.flatnonzero(eng.o1 >= 1)
+    which = _window_bin_index(eng.o1[idx], eng.o1[idx].max() + 1)
+    bins = np.unique(which)
+    # adjacent window bins share a TTFT law, E2E_TTFT_GROUPS groups of about equal requests
+    share = np.cumsum([d[1] for d in dists]) / sum(d[1] for d in dists)
+    group = np.minimum((share - 1e-9) * E2E_TTFT_GROUPS, E2E_TTFT_GROUPS - 1).astype(int)
+    laws = {}
     parts = []
-    for win, weight, y, pmf, _ in dists:
+    for g, (win, weight, y, pmf, _) in zip(group, dists, strict=True):
+        if g not in laws:
+            laws[g] = _ttft_distribution(st, admit_wait, idx[np.isin(which, bins[group == g])])
+        t_val, t_p = (np.asarray(a, float) for a in laws[g])
+        keep = t_p > 0
+        t_val, t_p = t_val[keep], t_p[keep] / t_p[keep].sum()
+        # the TTFT grid runs far past its mass (headroom for the wait): clip at 1 - 1e-7
+        t_hi = float(t_val[min(np.searchsorted(np.cumsum(t_p), 1.0 - 1e-7), len(t_val) - 1)])
+        t_val = np.minimum(t_val, t_hi)
         # E2EL = TTFT + win * td + Y on a grid fine enough for both laws
         h = max(float(y[1] - y[0]) if len(y) > 1 else 0.0, t_hi / 2**14, 1e-9)
         lo_y = float(y[0])
         n_t = int(t_val.max() / h) + 2
         n_y = int((float(y[-1]) - lo_y) / h) + 2
         a = np.bincount((t_val / h).astype(int), t_p, minlength=n_t)
-        b = np.bincount(((np.asarray(y) - lo_y) / h).astype(int), pmf / pmf.sum(), minlength=n_y)
+        c = np.bincount(((np.asarray(y) - lo_y) / h).astype(int), pmf / pmf.sum(), minlength=n_y)
         n = n_t + n_y
-        z = np.maximum(np.fft.irfft(np.fft.rfft(a, n) * np.fft.rfft(b, n), n), 0.0)
+        z = np.maximum(np.fft.irfft(np.fft.rfft(a, n) * np.fft.rfft(c, n), n), 0.0)
         grid = (np.arange(n) + 0.5) * h + lo_y + win * st.td_seen
         parts.append((grid / (win * q + 1.0), np.cumsum(z) / z.sum(), weight))
     total = sum(w for _, _, w in parts)
