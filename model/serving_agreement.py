@@ -318,8 +318,12 @@ _REASONS = (
      "threshold mode on one rank: the closed form counts the other runs as self-excited "
      "(negative binomial), which a closed loop with long think time leaves out"),
     ("agentx-n48-indep", "ttft",
-     "the finite-source FCFS wait at 48 sessions comes out long on every seed (seen 2026-12-02: "
-     "mean TTFT 1.85 against 1.28 s); its cause is not yet found"),
+     "the finite-source FCFS wait at 48 sessions is too likely by about a tenth: P(TTFT > t) "
+     "comes out 8-13% above the simulation's from 0.1 to 10 s (P(> 2 s) 0.101 against 0.090, "
+     "4 seeds pooled, 2026-12-03; mean TTFT 1.60 against 1.39 s), and TTFT's law is flat there "
+     "(13% of requests wait over 1 s, 10% over 2 s), so the P90 moves by 47% while the P99 "
+     "agrees (+3.5%); which term of the finite-source Pollaczek-Khinchine wait overstates the "
+     "busy share is not yet found"),
 )
 
 
