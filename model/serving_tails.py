@@ -79,7 +79,7 @@ def _own_ttft(st: _State, admit_wait: float, sel=None) -> tuple[np.ndarray, np.n
 def _wait_law(st: _State, admit_wait: float) -> tuple[float, np.ndarray]:
     """(dt, rfft of the pmf zero-padded to 2 TTFT_GRID) of the FCFS wait on the TTFT grid, sized
     on every request's own TTFT so that subsets share it; computed once per state."""
-    cached = getattr(st, "_wait_law_cache", None)
+    cached = st._wait_law_cache
     if cached is not None and cached[0] == admit_wait:
         return cached[1], cached[2]
     base, _ = _own_ttft(st, admit_wait)
@@ -100,7 +100,7 @@ def _wait_law(st: _State, admit_wait: float) -> tuple[float, np.ndarray]:
     return dt, wait_hat
 
 
-def _ttft_shared(st: _State, shift: float, pick=None) -> tuple[np.ndarray, np.ndarray]:
+def _ttft_shared(st: _State, shift: float, sel=None) -> tuple[np.ndarray, np.ndarray]:
     """Threshold mode: own chunks + the other prefills' extensions landing in the own steps.
 
     Runs arrive in wall time, so the step clock sees them self-excited: a longer step lets more
@@ -117,9 +117,9 @@ def _ttft_shared(st: _State, shift: float, pick=None) -> tuple[np.ndarray, np.nd
     against short tool gaps (replayed sample: P99 +26% / +34% with it), where the idle pool
     that could arrive is small."""
     keep = None
-    if pick is not None:  # the TTFT law of these requests: their own-window bins' laws, mixed
+    if sel is not None:  # the TTFT law of these requests: their own-window bins' laws, mixed
         keep = np.zeros(len(st.shots[4]), bool)
-        keep[pick] = True
+        keep[sel] = True
     grids, masses = [], []
     for members, grid, conv in _shared_bins(st, shift):
         count = len(members) if keep is None else int(keep[members].sum())
