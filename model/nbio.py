@@ -78,7 +78,7 @@ def fast_notebook_imports() -> None:
 KERNEL_LOG = ".kernel.log"
 # Kernels this process started and has not yet seen exit: Popen -> connection file. A batch
 # worker that is told to stop kills them (`kill_kernels`) before it exits.
-_LIVE_KERNELS: dict[Any, str] = {}
+_LIVE_KERNELS: dict[Any, tuple[str, str]] = {}  # process -> (connection file, ipc prefix)
 
 
 def _kernel_manager_class(log_path: Path, started: list):
@@ -86,10 +86,26 @@ def _kernel_manager_class(log_path: Path, started: list):
 
     The kernel process logs to the terminal otherwise: ipykernel's transport warning at start,
     `KeyboardInterrupt caught in kernel` when jupyter_client interrupts it before every
-    shutdown, and any fd-level print, which would land in `servecast batch --json`'s stdout."""
+    shutdown, and any fd-level print, which would land in `servecast batch --json`'s stdout.
+
+    Kernels talk over Unix sockets under a path of their own (transport ipc), not TCP: with
+    TCP, jupyter_client picks free ports and the kernel binds them later, and a kernel started
+    in between by another batch worker can take one first ("ZMQError: Address already in use",
+    seen under pytest -n 2: the kernel dies before replying)."""
+    import uuid
+
     from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
 
     class LoggedKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self):
+            return "ipc"
+
+        @default("ip")
+        def _ip_default(self):
+            return os.path.join(tempfile.gettempdir(), f"servecast-{uuid.uuid4().hex[:16]}-ipc")
+
         async def _async_launch_kernel(self, kernel_cmd, **kw):
             with open(log_path, "ab") as log:
                 kw["stdout"] = kw["stderr"] = log
@@ -97,7 +113,7 @@ def _kernel_manager_class(log_path: Path, started: list):
             process = getattr(self.provisioner, "process", None)
             if process is not None:
                 started.append(process)
-                _LIVE_KERNELS[process] = self.connection_file
+                _LIVE_KERNELS[process] = (self.connection_file, self.ip)
 
     return LoggedKernelManager
 
@@ -106,7 +122,7 @@ def _reap(process) -> None:
     """Kill a kernel that outlived its run (its own session: kill the whole group)."""
     import signal
 
-    connection_file = _LIVE_KERNELS.pop(process, "")
+    connection_file, ipc_prefix = _LIVE_KERNELS.pop(process, ("", ""))
     if process.poll() is None:
         try:
             os.killpg(process.pid, signal.SIGKILL)
@@ -116,6 +132,9 @@ def _reap(process) -> None:
             process.wait(timeout=5)
     if connection_file:
         Path(connection_file).unlink(missing_ok=True)
+    if ipc_prefix:  # the kernel's Unix sockets (`ipc_prefix`-1 ... -5)
+        for sock in Path(ipc_prefix).parent.glob(Path(ipc_prefix).name + "-*"):
+            sock.unlink(missing_ok=True)
 
 
 def kill_kernels() -> None:

@@ -277,3 +277,16 @@ def test_ctrl_c_is_one_line_nonzero_and_resumable(tmp_path):
     rows = again.summary.set_index("scenario")
     assert rows.loc["x=1", "elapsed_s"] == pytest.approx(elapsed, abs=1e-3)
     assert rows.loc["x=2", "x"] == 2 and not bool(rows.loc["x=2", "skipped"])
+
+
+def test_kernels_talk_over_their_own_unix_sockets(tmp_path):
+    # Over TCP, jupyter_client picks free ports and the kernel binds them later; a kernel another
+    # worker starts in between can take one first ("ZMQError: Address already in use", seen in
+    # the test suite under pytest -n 2 on 2026-12-03: the kernel died before replying). Each
+    # kernel now gets ipc transport under a socket path of its own.
+    from model.nbio import _kernel_manager_class
+
+    cls = _kernel_manager_class(tmp_path / "k.log", [])
+    a, b = cls(), cls()
+    assert a.transport == b.transport == "ipc"
+    assert a.ip != b.ip and Path(a.ip).parent == Path(b.ip).parent
