@@ -22,8 +22,8 @@ Ten named factors per backend (vllm, sglang, trtllm) and two shared by all:
 - `disagg_prefill_scale`: replaces `prefill_scale` on the prefill workers of disaggregated
   deployments (prefill-only steps under their own engine settings);
 - `disagg_decode_scale`: multiplies the decode step of disaggregated decode workers (what a
-  decode-only worker pays beyond the same batch in an aggregated engine; fitted 1.09 on SGLang,
-  1.21 on TensorRT-LLM on 2026-12-03);
+  decode-only worker pays beyond the same batch in an aggregated engine; fitted 1.07 on SGLang,
+  1.25 on TensorRT-LLM on 2026-12-03);
 - `disagg_request_overhead_s`: the fixed per-request time of disaggregated deployments, whose
   requests take another path (router, prefill worker, KV transfer, decode worker);
 - shared: `benchmark_rounds`, requests per client of runs whose protocol does not say
@@ -34,8 +34,8 @@ How synchronized the clients arrive is otherwise not fitted: `model.closed_loop`
 the benchmark protocol and the engine's scheduler. Only runs whose deployment is recorded are fitted:
 a disaggregated run without worker counts (433 of 510; `model.check` infers the minimum that
 fits) leaves the batch per decode worker a guess, and those guesses pulled the decode factor
-the wrong way (0.72-0.76 fitted on all rows, while the 77 runs with recorded workers measured
-TPOT 37% above the model under them). They stay in the scores ("disagg inferred"). A backend
+the wrong way (0.72-0.76 fitted on all rows, under which the model's TPOT came out 37% short
+on the 77 runs with recorded workers). They stay in the scores ("disagg inferred"). A backend
 with fewer than MIN_DISAGG_ROWS recorded disaggregated runs keeps its disaggregated prefill
 factor and request overhead tied to the aggregated ones and takes the decode factor pooled
 over the fitted backends (`_pool_decode`; vLLM: 3 rows).

@@ -76,9 +76,9 @@ def fast_notebook_imports() -> None:
 
 
 KERNEL_LOG = ".kernel.log"
-# Kernels this process started and has not yet seen exit: Popen -> connection file. A batch
-# worker that is told to stop kills them (`kill_kernels`) before it exits.
-_LIVE_KERNELS: dict[Any, tuple[str, str]] = {}  # process -> (connection file, ipc prefix)
+# Kernels this process started and has not yet seen exit: Popen -> (connection file, ipc socket
+# prefix). A batch worker that is told to stop kills them (`kill_kernels`) before it exits.
+_LIVE_KERNELS: dict[Any, tuple[str, str]] = {}
 
 
 def _kernel_manager_class(log_path: Path, started: list):

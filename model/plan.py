@@ -16,7 +16,8 @@ Documented assumptions (the same for every model and chip, no per-row factors):
   by default, sticky sessions; the hit rate by tier at the candidate's sessions per replica from
   model.cache_model; evicted prefixes are recomputed, host hits reloaded (model.tiers);
 - engine: vLLM defaults (8192 batched tokens, 256 seqs per DP rank), the calibrated engine factors
-  of `model.step` (disaggregated decode workers: their own decode factor); thresholds searched among {off, 512, 2048}, prefill interval among {1, 2};
+  of `model.step` (disaggregated decode workers: their own decode factor); thresholds searched
+  among {off, 512, 2048}, prefill interval among {1, 2};
 - KV hand-off: only the turn's new tokens move (sticky sessions on decode), packed layout;
 - cost: owned TCO (SemiAnalysis `costh`, the post's basis); API equivalent from the workload's
   own token mix at Opus 5 prices.

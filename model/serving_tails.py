@@ -382,6 +382,16 @@ def _slo_attainment(st, ttft_law, dists, slo_inter, slo_ttft) -> float:
     return ok
 
 
+def _trimmed(law) -> tuple[np.ndarray, np.ndarray, float]:
+    """(values, probabilities, top) of a TTFT law without its empty cells; the grid runs far
+    past its mass (headroom for the wait), so values are clipped at its 1 - 1e-7 quantile."""
+    t_val, t_p = (np.asarray(a, float) for a in law)
+    keep = t_p > 0
+    t_val, t_p = t_val[keep], t_p[keep] / t_p[keep].sum()
+    t_hi = float(t_val[min(np.searchsorted(np.cumsum(t_p), 1.0 - 1e-7), len(t_val) - 1)])
+    return np.minimum(t_val, t_hi), t_p, t_hi
+
+
 def _e2e_interactivity(eng: _Engine, st: _State, admit_wait: float, dists) -> np.ndarray:
     """Quantiles of InferenceX AgentX's "E2E normalized interactivity", 1 / pXX of E2EL / OSL
     (its North Star metric: TTFT counts, spread over the request's output), where E2EL = TTFT +
@@ -404,13 +414,9 @@ def _e2e_interactivity(eng: _Engine, st: _State, admit_wait: float, dists) -> np
     parts = []
     for g, (win, weight, y, pmf, _) in zip(group, dists, strict=True):
         if g not in laws:
-            laws[g] = _ttft_distribution(st, admit_wait, idx[np.isin(which, bins[group == g])])
-        t_val, t_p = (np.asarray(a, float) for a in laws[g])
-        keep = t_p > 0
-        t_val, t_p = t_val[keep], t_p[keep] / t_p[keep].sum()
-        # the TTFT grid runs far past its mass (headroom for the wait): clip at 1 - 1e-7
-        t_hi = float(t_val[min(np.searchsorted(np.cumsum(t_p), 1.0 - 1e-7), len(t_val) - 1)])
-        t_val = np.minimum(t_val, t_hi)
+            laws[g] = _trimmed(_ttft_distribution(st, admit_wait,
+                                                  idx[np.isin(which, bins[group == g])]))
+        t_val, t_p, t_hi = laws[g]
         # E2EL = TTFT + win * td + Y on a grid fine enough for both laws
         h = max(float(y[1] - y[0]) if len(y) > 1 else 0.0, t_hi / 2**14, 1e-9)
         lo_y = float(y[0])
