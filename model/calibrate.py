@@ -150,6 +150,23 @@ MOE_KEYS = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "m
 # w4a8); one curve over both fits neither, so where the native kernel is measured it alone
 # defines the format.
 NATIVE_MOE = {"mxfp4": "w4a8_mxfp4_mxfp8"}
+# A weight-only MXFP4 checkpoint (Kimi K3) runs the w4a16 kernels on every chip: its own curve,
+# from the kernel vLLM picks first where it was measured (select_mxfp4_moe_backend: FlashInfer
+# TRT-LLM mxfp4 x bf16 on Blackwell; b200_sxm times it on gpt-oss shapes, 1.7-2.2x faster than
+# the Marlin rows of Kimi-like shapes, so one curve over both was 40% fast on the one and 10-20%
+# slow on the other), else every w4a16 row (Hopper: Marlin, Triton).
+WEIGHT_ONLY_MOE = {"mxfp4_w4a16": ("w4a16_mxfp4", "flashinfer_trtllm_mxfp4_bf16")}
+
+
+def moe_rows(chip: str, dtype_name: str) -> pd.DataFrame:
+    """The chip's MoE table rows that define `dtype_name`'s curve (all routing distributions)."""
+    df = table(chip, "moe")
+    if dtype_name in WEIGHT_ONLY_MOE:
+        src, first = WEIGHT_ONLY_MOE[dtype_name]
+        df = df[df.moe_dtype == src]
+        preferred = df.kernel_source.str.contains(first)
+        return df[preferred] if preferred.any() else df
+    return df[df.moe_dtype.isin(moe_sources(chip, dtype_name))]
 
 
 def moe_sources(chip: str, dtype_name: str) -> list[str]:
@@ -181,9 +198,8 @@ MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
 def moe_samples(chip: str, dtype_name: str, distribution: str | None = None) -> Samples:
     """MoE rows of one dtype (`distribution`: routing distribution, default MOE_DISTRIBUTION)."""
     hw = chip_spec(chip)
-    df = table(chip, "moe")
-    src = moe_sources(chip, dtype_name)
-    df = df[df.moe_dtype.isin(src) & (df.distribution == (distribution or MOE_DISTRIBUTION))]
+    df = moe_rows(chip, dtype_name)
+    df = df[df.distribution == (distribution or MOE_DISTRIBUTION)]
     df = _best_kernel(df, MOE_KEYS)
     d = roofline.lookup_dtype(dtype_name)
     rate, peak = roofline.compute_rate(dtype_name, hw)
@@ -334,10 +350,9 @@ def _moe_group_keys(chip: str, dtype_name: str) -> dict:
     """distribution -> {group id: layer-shape tuple}: the group ids of moe_samples per
     distribution, mapped to the shape they stand for (ids differ between distributions)."""
     out = {}
-    src = moe_sources(chip, dtype_name)
-    df = table(chip, "moe")
+    df = moe_rows(chip, dtype_name)
     for d in MOE_DISTRIBUTIONS:
-        sub = _best_kernel(df[df.moe_dtype.isin(src) & (df.distribution == d)], MOE_KEYS)
+        sub = _best_kernel(df[df.distribution == d], MOE_KEYS)
         ids = _groups(sub, MOE_KEYS[1:])
         shapes = list(sub[MOE_KEYS[1:]].itertuples(index=False, name=None))
         out[d] = dict(zip(ids, shapes, strict=True))
@@ -577,7 +592,9 @@ def sample_sets(chip: str, gemm_fits: dict | None = None):
     builders need the chip's GEMM fits (passed in once those are done)."""
     for dt in _dtypes_in(chip, "gemm", "gemm_dtype"):
         yield "gemm", dt, (lambda dt=dt: gemm_samples(chip, dt))
-    for dt in _dtypes_in(chip, "moe", "moe_dtype"):
+    measured = set(table(chip, "moe").moe_dtype.unique())
+    extra = [dt for dt, (src, _) in WEIGHT_ONLY_MOE.items() if src in measured]
+    for dt in _dtypes_in(chip, "moe", "moe_dtype") + extra:
         yield "moe", dt, (lambda dt=dt: moe_samples(chip, dt))
     for phase in ("prefill", "decode"):
         for kv in ("bf16", "fp8"):
@@ -608,17 +625,18 @@ def _summary(errors: np.ndarray) -> dict:
             "heldout_p90_ape": round(float(np.nanpercentile(errors, 90)), 4)}
 
 
-def calibrate_chip(chip: str, heldout: bool = True, log=print,
-                   reuse: dict | None = None) -> tuple[dict, list[dict]]:
+def calibrate_chip(chip: str, heldout: bool = True, log=print, reuse: dict | None = None,
+                   missing_only: bool = False) -> tuple[dict, list[dict]]:
     """Fit every op class of one chip; returns (kernels.yaml entries, report rows). With
-    `reuse` (this chip's stored entries) only the collectives are refitted."""
+    `reuse` (this chip's stored entries) only the collectives are refitted; with `missing_only`
+    too, every stored fit is kept and only table slices without one are fitted."""
     entries: dict = {}
     rows: list[dict] = []
     if reuse:
         for op_class, by_key in reuse.items():
-            if op_class.startswith("collective."):
+            if op_class.startswith("collective.") and not missing_only:
                 continue
-            entries[op_class] = by_key
+            entries[op_class] = dict(by_key)
             for key, entry in by_key.items():
                 if "heldout_median_ape" in entry:
                     rows.append({"chip": chip, "op_class": op_class, "key": key,
@@ -638,7 +656,7 @@ def calibrate_chip(chip: str, heldout: bool = True, log=print,
         log(f"{chip} {op_class} {key}: {entry}")
 
     gemm_fits: dict = {}
-    for stage in (() if reuse else (None, "modules")):
+    for stage in (() if reuse and not missing_only else (None, "modules")):
         sets = sample_sets(chip, gemm_fits if stage else None)
         for op_class, key, build in sets:
             if stage and not _is_module(op_class):
@@ -666,6 +684,8 @@ def calibrate_chip(chip: str, heldout: bool = True, log=print,
         "memory_efficiency": bf16["memory_efficiency"],
         "dataset": bf16["dataset"], "note": "weight-streaming efficiency of the bf16 GEMM fit"}}
     for op_class, key, build in comm_sets(chip):
+        if op_class in entries and key in entries[op_class]:
+            continue
         s = build()
         theta = fit_comm(s)
         errors = comm_heldout_ape(s) if heldout else None
@@ -752,24 +772,37 @@ def transfer_check(reference: str, target: str, fitted: dict, log=print) -> list
 TRANSFER_PAIRS = (("h100_sxm", "h200_sxm"), ("h100_sxm", "b200_sxm"), ("h200_sxm", "b200_sxm"))
 
 
-def run(chips=CHIPS, heldout: bool = True, log=print, collectives_only: bool = False) -> dict:
+def run(chips=CHIPS, heldout: bool = True, log=print, collectives_only: bool = False,
+        missing_only: bool = False) -> dict:
     """Fit all chips, check the transfer rule, write kernels.yaml and kernel_report.md
-    (`collectives_only`: keep the stored kernel fits, refit the collectives)."""
+    (`collectives_only`: keep the stored kernel fits, refit the collectives; `missing_only`:
+    keep every stored fit and its date, fit only what has none: a new format leaves the
+    others' fits as they were, where a full refit would drift them in their flat directions)."""
     fitted, rows = {}, []
-    stored = kernels.fitted_table() if collectives_only else {}
+    stored = kernels.fitted_table() if collectives_only or missing_only else {}
+    today = datetime.date.today().isoformat()
     for chip in chips:
         entries, chip_rows = calibrate_chip(chip, heldout=heldout, log=log,
-                                            reuse=stored.get(chip))
+                                            reuse=stored.get(chip), missing_only=missing_only)
+        if missing_only:
+            old = stored.get(chip, {})
+            for op_class, by_key in entries.items():
+                for key, entry in by_key.items():
+                    if key not in old.get(op_class, {}):
+                        entry.setdefault("fitted_on", today)
         fitted[chip] = entries
         rows += chip_rows
-    today = datetime.date.today().isoformat()
-    write_fits(fitted, today)
+    write_fits(fitted, _stored_date() if missing_only else today)
     transfers = []
     for ref, tgt in TRANSFER_PAIRS:
         if ref in fitted and tgt in chips:
             transfers += transfer_check(ref, tgt, fitted, log=log)
     REPORT_MD.write_text(report_markdown(pd.DataFrame(rows), pd.DataFrame(transfers), today))
     return {"fitted": fitted, "heldout": pd.DataFrame(rows), "transfer": pd.DataFrame(transfers)}
+
+
+def _stored_date() -> str:
+    return str(yaml.safe_load(kernels.KERNELS_YAML.read_text())["fitted_on"])
 
 
 def write_fits(fitted: dict, today: str) -> None:
@@ -889,7 +922,8 @@ REPORT_NOTES = """## Notes and known weaknesses
 
 def main() -> None:
     import sys
-    run(collectives_only="--collectives-only" in sys.argv[1:])
+    run(collectives_only="--collectives-only" in sys.argv[1:],
+        missing_only="--missing-only" in sys.argv[1:])
 
 
 if __name__ == "__main__":

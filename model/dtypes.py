@@ -4,6 +4,9 @@ zero bytes. Each format also names the tensor-core rate class it runs at (hardwa
 Scale overheads (OCP MX spec v1.0; NVIDIA NVFP4 blog 2025-06; DeepSeek V3 fp8 block-128):
 - fp8_block: e4m3 values, one fp32 scale per 128x128 weight block -> 8 + 32/16384 bits.
 - mxfp8 / mxfp4: one 8-bit E8M0 scale per 32 elements -> 8.25 / 4.25 bits.
+- mxfp4_w4a16: mxfp4 weights with BF16 activations (a weight-only checkpoint: compressed-tensors
+  `input_activations: null`), so it computes at the BF16 rate (vLLM's default MXFP4 MoE backend on
+  Blackwell is FlashInfer TRT-LLM mxfp4 x bf16, select_mxfp4_moe_backend; Marlin on Hopper).
 - nvfp4: one fp8 E4M3 scale per 16 elements (+ a per-tensor fp32, negligible) -> 4.5 bits.
 - int4_group128 / int4_group32: w4a16 with an fp16 scale per 128 / 32 elements -> 4.125 / 4.5 bits.
 """
@@ -37,6 +40,7 @@ _DTYPES = {
         DType("mxfp8", 8.0 + 8.0 / 32, "fp8"),
         DType("int8", 8.0, "int8"),
         DType("mxfp4", 4.0 + 8.0 / 32, "fp4"),
+        DType("mxfp4_w4a16", 4.0 + 8.0 / 32, "bf16"),
         DType("nvfp4", 4.0 + 8.0 / 16, "fp4"),
         DType("int4_group128", 4.0 + 16.0 / 128, "bf16"),
         DType("int4_group32", 4.0 + 16.0 / 32, "bf16"),

@@ -12,6 +12,7 @@ import pytest
 from model.architecture import DATA, UNSUPPORTED, list_architectures, load_architecture, resolve
 from model.cli.arch import describe
 from model.cli.output import to_json
+from model.dtypes import dtype
 from model.errors import ServecastError, SpecError
 
 # Files the loader cannot express yet, each with its reason (also in architecture.UNSUPPORTED).
@@ -196,7 +197,9 @@ def test_nvfp4_export_keeps_attention_fp8():
 
 def test_kimi_k3_layers():
     # K3 config text_config: 69 KDA + 24 MLA (1-based ids 4, 8, ..., 92, 93), layer 0 dense,
-    # 896 experts top-16, 2 shared, latent width 3584; MXFP4 experts, everything else bf16
+    # 896 experts top-16, 2 shared, latent width 3584; MXFP4 experts, everything else bf16.
+    # The experts are weight-only (compressed-tensors group input_activations: null; vLLM PR
+    # #50000: "K3 is weight-only MXFP4 (W4A16)"), so they compute at the BF16 rate
     arch = load_architecture("kimi-k3")
     assert kinds(arch) == {"linear": 69, "mla": 24}
     assert arch.layers[3].attention.kind == "mla" and arch.layers[92].attention.kind == "mla"
@@ -204,7 +207,8 @@ def test_kimi_k3_layers():
     assert kda.state_elements == 96 * 128 * 128
     experts = arch.layers[1].mlp.experts
     assert (experts.num_experts, experts.top_k, experts.hidden_size) == (896, 16, 3584)
-    assert experts.dtype == "mxfp4" and arch.weight_dtype == "bf16"
+    assert experts.dtype == "mxfp4_w4a16" and arch.weight_dtype == "bf16"
+    assert dtype(experts.dtype).rate == "bf16" and dtype(experts.dtype).bits == 4.25
     assert arch.layers[0].mlp.kind == "dense" and arch.mtp_layers == ()
 
 
@@ -288,3 +292,18 @@ def test_malformed_structure_is_one_line(tmp_path):
     with pytest.raises(SpecError, match="compress_ratios") as err:
         load_architecture(str(path))
     assert "\n" not in str(err.value)
+
+
+def test_compressed_tensors_mxfp4_weight_only_vs_w4a4():
+    # compressed-tensors 4-bit float group 32: with quantized input activations the group is
+    # W4A4 MXFP4 (FP4 tensor cores); without (input_activations null, Kimi K3's config) it is
+    # weight-only and meets BF16 activations (vLLM select_mxfp4_moe_backend: SM100_FI_MXFP4_BF16
+    # first on Blackwell)
+    from model.families.quant import parse_quant
+    weights = {"num_bits": 4, "type": "float", "group_size": 32}
+    act = {"num_bits": 4, "type": "float", "group_size": 32, "dynamic": True}
+    for inputs, expected in ((None, "mxfp4_w4a16"), (act, "mxfp4")):
+        q = {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+             "config_groups": {"group_0": {"weights": weights, "input_activations": inputs,
+                                           "targets": ["Linear"]}}, "ignore": []}
+        assert parse_quant({"quantization_config": q}, None, "config.json").quantized == expected

@@ -113,13 +113,17 @@ def _glob_tail(raw: str) -> str:
         ("lm_head", "embed_tokens")) else raw)
 
 
-def _fmt_bits(weights: dict, path: str) -> str:
+def _fmt_bits(weights: dict, path: str, weight_only: bool = False) -> str:
+    """Storage format of a compressed-tensors group; `weight_only`: the group quantizes no input
+    activations, so MXFP4 weights meet BF16 activations (mxfp4_w4a16, BF16 tensor-core rate)."""
     bits, kind = weights.get("num_bits"), weights.get("type", "int")
     group = weights.get("group_size")
     if bits == 8:
         return "fp8" if kind == "float" else "int8"
     if bits == 4 and kind == "float":
-        return "mxfp4" if group == 32 else "nvfp4"
+        if group == 32:
+            return "mxfp4_w4a16" if weight_only else "mxfp4"
+        return "nvfp4"
     if bits == 4 and kind == "int":
         if group == 32:
             return _first_known(("int4_group32", "int4_group128"))
@@ -192,7 +196,8 @@ def parse_quant(config: dict, hf_quant: dict | None, path: str) -> QuantScheme:
             raise SpecError(path, "quantization_config.config_groups",
                             f"{len(groups)} groups; supported: exactly one")
         group = next(iter(groups.values()))
-        fmt = _fmt_bits(group.get("weights") or {}, path)
+        fmt = _fmt_bits(group.get("weights") or {}, path,
+                        weight_only=group.get("input_activations") is None)
         plain, regex = _compile(list(q.get("ignore") or []))
         return QuantScheme(fmt, unquantized, plain, regex, {}, None, "compressed-tensors")
     raise SpecError(path, "quantization_config.quant_method",
