@@ -655,7 +655,8 @@ def calibrate_chip(chip: str, heldout: bool = True, log=print, reuse: dict | Non
                      **({} if errors is None else _summary(errors))})
         log(f"{chip} {op_class} {key}: {entry}")
 
-    gemm_fits: dict = {}
+    gemm_fits: dict = {key: params_from([entry.get(n, 0.0) for n in PARAM_NAMES])
+                       for key, entry in entries.get("gemm", {}).items()}
     for stage in (() if reuse and not missing_only else (None, "modules")):
         sets = sample_sets(chip, gemm_fits if stage else None)
         for op_class, key, build in sets:

@@ -49,7 +49,7 @@ class Indexer:
     num_heads: int
     head_dim: int
     top_k: int  # entries kept per query: tokens (dsa), compressed entries (csa), blocks (msa)
-    block_size: int = 1  # tokens per scored unit (msa: 128-token blocks)
+    block_size: int = 1  # tokens per selected unit (msa: 128-token blocks; scored per token)
     cache_dtype: str = "bf16"  # dtype of the cached index keys (fp8 / fp4 in production)
 
 

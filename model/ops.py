@@ -193,8 +193,9 @@ def indexer_units(att: Attention, context):
     ctx = np.asarray(context, float)
     if att.kind == "csa":
         return ctx / float(att.compress_ratio or 1)
-    if att.kind == "msa":
-        return ctx / float(att.indexer.block_size)
+    # msa scores every cached token with its one shared index key and max-pools the scores per
+    # 128-token block (sparse_score_type max; TensorRT-LLM's M3 index-K cache holds one key per
+    # token): its units are tokens, like dsa's; only the selection is per block
     return ctx
 
 

@@ -116,3 +116,18 @@ def test_dcp_leaves_linear_attention_to_tp():
         ops[name] = {o["op"]: float(o["time_s"]) for o in rows}
     assert ops["dcp8"]["linear/moe:attn_decode"] == pytest.approx(ops["tp8"]["linear/moe:attn_decode"])
     assert ops["dcp8"]["mla/moe:attn_decode"] < 0.8 * ops["tp8"]["mla/moe:attn_decode"]
+
+
+def test_msa_index_keys_are_one_per_token_in_the_step_model_too():
+    # MiniMax M3's side index-K cache holds one 128-wide key per token per sparse layer
+    # (research/architectures.md §3: TensorRT-LLM's [num_slots, 1, sparse_index_dim]; model.kv):
+    # at TP1 the step model's per-sequence KV equals model.kv's footprint (it had counted one
+    # key per 128-token block)
+    from model.architecture import load_architecture
+    from model.kv import sequence_kv
+    arch = load_architecture("minimax-m3")
+    sm = build_step_model(arch, toy_hw(hbm_bytes=2e12), ParallelPlan(), kv_dtype="bf16")
+    ctx = 131072
+    kv = sequence_kv(arch, ctx, "bf16")
+    assert kv.indexer_bytes == pytest.approx(57 * 128 * 2 * ctx)
+    assert float(sm.kv_bytes_per_seq_per_gpu(ctx)) == pytest.approx(kv.total_bytes, rel=1e-6)
