@@ -251,12 +251,14 @@ def scope_of(group_gpus: int, hw, inner: int = 1) -> str:
 
 def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: int,
                       prefill_tokens, decode_seqs, dispatch_dtype: str = "fp8",
-                      prefill_ranks=None) -> list[Collective]:
+                      prefill_ranks=None, prefill_context=0.0,
+                      prefill_seqs=0.0) -> list[Collective]:
     """Collectives of one layer (times `count` identical layers) for a step on one replica, as
     the busiest rank sees them.
 
     Token arguments are replica totals; decode tokens are spread over the dp ranks, prefill
-    tokens over `prefill_ranks` of them (default: all, balanced).
+    tokens over `prefill_ranks` of them (default: all, balanced); `prefill_seqs` prefilling
+    sequences (replica total) reach `prefill_context` tokens each (what DCP gathers).
     """
     p = plan
     act = 2.0  # bf16 hidden states
@@ -307,6 +309,15 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
         out += [Collective("dcp_q_all_gather", "all_gather", q_bytes, p.dcp, sc, count, algo),
                 Collective("dcp_out_merge", "reduce_scatter" if p.dcp == p.tp else "all_reduce",
                            o_bytes, p.dcp, sc, count, algo)]
+        # a prefill chunk attends to its whole context: each rank gathers the sharded cached
+        # KV of its sequences (vLLM's DCP prefill, VLLM_USE_DIRECT_DCP_KV_GATHER) and runs its
+        # tp heads over all of it; entries counted at 2 B per element, as PCP's gather
+        from model.ops import entry_elements
+
+        pseqs = np.asarray(prefill_seqs, float) / pranks
+        ctx_bytes = np.where(pre > 0, np.maximum(pseqs, 1.0), 0.0) * np.asarray(
+            prefill_context, float) * entry_elements(att) * 2.0
+        out.append(Collective("dcp_kv_all_gather", "all_gather", ctx_bytes, p.dcp, sc, count))
     if p.pcp > 1 and att.kind != "linear":
         from model.ops import entry_elements
 
@@ -337,8 +348,10 @@ def _divisors(n: int) -> list[int]:
 def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both") -> list[ParallelPlan]:
     """Valid plans for one replica of exactly `gpus` GPUs whose weights fit.
 
-    phase: "prefill" adds PCP candidates, "decode" adds DCP candidates, "both" neither.
-    MoE models get both expert layouts (TP experts, and EP across the whole stage).
+    phase: "prefill" adds PCP and DCP candidates (DCP without PCP: a prefill worker that keeps
+    the sessions' prefixes sharded, as InferenceX's Kimi K3 recipe runs), "decode" adds DCP
+    candidates, "both" neither. MoE models get both expert layouts (TP experts, and EP across
+    the whole stage).
     """
     plans: list[ParallelPlan] = []
     hbm = float(getattr(hw, "hbm_bytes", np.inf))
@@ -351,7 +364,9 @@ def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both") -> l
                 if is_moe(arch) and stage > 1:
                     layouts.append((1, stage))
                 for moe_tp, ep in layouts:
-                    for dcp in (_divisors(tp) if phase == "decode" else [1]):
+                    dcps = _divisors(tp) if phase == "decode" or (
+                        phase == "prefill" and pcp == 1) else [1]
+                    for dcp in dcps:
                         plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp, pcp=pcp,
                                             dcp=dcp)
                         try:

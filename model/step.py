@@ -45,6 +45,9 @@ EAGLE_DRAFT_VOCAB = 32000  # EAGLE-3 drafts predict over a reduced vocabulary (S
 
 
 # ---- kernel and collective time functions (engineer C), with physics fallbacks ---------------------
+PREFILL_ONLY_COLLECTIVES = frozenset({"dcp_kv_all_gather"})
+
+
 def _kernels():
     from model import roofline
 
@@ -208,9 +211,12 @@ class StepModel:
         norm_bytes = 2 * 2 * 2.0 * tok_r * width / (p.tp if p.sp else 1)
         out.append((f"{tag}:norms", "memory", count, k.memory_time_s(norm_bytes, hw)))
         for c in layer_collectives(layer, count, p, hw, arch.hidden_size, pre, dec_tok,
-                                   prefill_ranks=pranks):
-            out.append((f"{tag}:{c.name}", "network", c.count,
-                        collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope, c.algorithm)))
+                                   prefill_ranks=pranks, prefill_context=pctx,
+                                   prefill_seqs=pseqs):
+            t = collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope, c.algorithm)
+            if c.name in PREFILL_ONLY_COLLECTIVES:  # no launch at all in a decode-only step
+                t = np.where(np.asarray(c.bytes) > 0, t, 0.0)
+            out.append((f"{tag}:{c.name}", "network", c.count, t))
         return out
 
     def _op_times(self, pre, pctx, dec, dctx, pseqs, pranks=None):

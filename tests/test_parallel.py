@@ -128,6 +128,23 @@ def test_enumerate_plans_valid_and_fit():
     assert enumerate_plans(ds, hw, 2, "decode") == []
     # a plain dense layer set: prefill candidates include PCP
     assert any(p.pcp == 2 for p in enumerate_plans(llama8b(), toy_hw(), 4, "prefill"))
+    # and DCP (without PCP): InferenceX's Kimi K3 prefill worker runs TP8 with DCP8
+    pre = {p.label() for p in enumerate_plans(ds, hw, 8, "prefill")}
+    assert "tp8-moetp8-dcp8" in pre
+    assert not any(p.pcp > 1 and p.dcp > 1 for p in enumerate_plans(ds, hw, 8, "prefill"))
+
+
+def test_dcp_prefill_gathers_the_cached_context():
+    # a DCP rank holds 1/dcp of each sequence's cached KV; a prefill chunk attends to all of it,
+    # so the rank all-gathers its sequences' context: 2 sequences at 100K tokens x 576 MLA
+    # elements x 2 B = 230.4 MB gathered per layer; nothing in a decode-only step
+    layer = mla_moe_layer(0)
+    plan = ParallelPlan(tp=8, moe_tp=8, dcp=8)
+    by = {c.name: c for c in layer_collectives(layer, 1, plan, toy_hw(), 7168, 8192, 0,
+                                               prefill_context=100_000, prefill_seqs=2)}
+    assert float(by["dcp_kv_all_gather"].bytes) == pytest.approx(2 * 100_000 * 576 * 2)
+    dec = {c.name: c for c in layer_collectives(layer, 1, plan, toy_hw(), 7168, 0, 64)}
+    assert float(dec["dcp_kv_all_gather"].bytes) == 0.0
 
 
 def _toy_linear_arch() -> Architecture:

@@ -18,13 +18,13 @@ What the model says about each row (the issue asks for 25%; the closing note giv
   and 40 sessions, InferenceX commit dd8abfbe, and the post kept 24: the real engine slows
   faster with the batch than the model). Read as InferenceX's E2E normalized interactivity the
   model gives 80 tok/s at 24 sessions, but that reading would sink the DeepSeek row.
-- Kimi K3 on 16 GB300, 11.8K at 48 sessions: within 25% (-1%) since its weight-only MXFP4 experts
+- Kimi K3 on 16 GB300, 11.8K at 48 sessions: within 25% (+6%) since its weight-only MXFP4 experts
   compute at the BF16 rate (mxfp4_w4a16, 2026-12-03; before, FP4 tensor-core math put them
   4-6x too fast in prefill and the free search at +67%). The best is disaggregated, a DP4
-  attention prefill worker and a DCP8 decode worker, but at ~136 sessions with half of them
-  waiting in the prefill queue (the SLO leaves TTFT free; mean TTFT ~60 s). The best aggregated
-  deployment uses DCP, as the post says, at ~0.7x the post's TPGS (its P90 interactivity binds
-  at ~33 sessions).
+  attention prefill worker (DCP2: prefill plans carry DCP since 2026-12-03) and a DCP8 decode
+  worker, but at ~230 sessions with most of them waiting in the prefill queue (the SLO leaves
+  TTFT free; mean TTFT ~2 min). The best aggregated deployment uses DCP, as the post says, at
+  ~0.7x the post's TPGS (its P90 interactivity binds at ~33 sessions).
 """
 
 import pytest
@@ -131,7 +131,7 @@ def test_minimax_m3_on_2_b300_row():
 @pytest.mark.slow
 def test_kimi_k3_on_16_gb300_row():
     # Post: 11.8K at 48 sessions, "Kimi K3 uses DCP instead of TP". The free search lands within
-    # the issue's 25% (measured 11.65K, -1.3%), disaggregated; the best aggregated deployment
+    # the issue's 25% (measured 12.46K, +5.6%), disaggregated; the best aggregated deployment
     # uses DCP and serves less (measured 8.3K at 33 sessions, P90 interactivity binding).
     post = ROW["kimi-k3"]
     best = plan("kimi-k3", "gb300-nvl72", 16, WORKLOAD, SLO)

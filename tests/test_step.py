@@ -131,3 +131,18 @@ def test_msa_index_keys_are_one_per_token_in_the_step_model_too():
     kv = sequence_kv(arch, ctx, "bf16")
     assert kv.indexer_bytes == pytest.approx(57 * 128 * 2 * ctx)
     assert float(sm.kv_bytes_per_seq_per_gpu(ctx)) == pytest.approx(kv.total_bytes, rel=1e-6)
+
+
+def test_dcp_prefill_gather_costs_nothing_in_decode_steps():
+    # the prefill-only KV gather launches only when a step prefills (model.step
+    # PREFILL_ONLY_COLLECTIVES): a decode-only DCP step is the same with or without it, a
+    # prefill step at 100K context pays it on every MLA layer
+    hw = toy_hw(hbm_bytes=141e9, hbm_bandwidth_bytes_per_s=4.8e12)
+    sm = build_step_model(deepseek_v3_like(), hw, ParallelPlan(tp=8, moe_tp=8, dcp=8))
+    ops = {name: float(np.asarray(t)) * c for name, kind, c, t in
+           sm._op_times(*(np.asarray(v, float) for v in (0.0, 0.0, 32.0, 50_000.0, 0.0)))}
+    assert all(v == 0.0 for k, v in ops.items() if k.endswith("dcp_kv_all_gather"))
+    pre = {name: float(np.asarray(t)) * c for name, kind, c, t in
+           sm._op_times(*(np.asarray(v, float) for v in (4096.0, 100_000.0, 0.0, 0.0, 1.0)))}
+    gathers = [v for k, v in pre.items() if k.endswith("dcp_kv_all_gather")]
+    assert gathers and all(v > 0 for v in gathers)
