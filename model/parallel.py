@@ -240,6 +240,7 @@ class Collective:
     scope: str  # scale_up | scale_out
     count: int  # times per step (layers)
     algorithm: str | None = None  # model.comm algorithm; None: NCCL / custom all-reduce
+    skip_empty: bool = False  # not launched at all where it carries no bytes (else: latency)
 
 
 def scope_of(group_gpus: int, hw, inner: int = 1) -> str:
@@ -299,6 +300,8 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
         out += [Collective("moe_all_gather", "all_gather", size, p.moe_tp, sc, count),
                 Collective("moe_reduce_scatter", "reduce_scatter", size, p.moe_tp, sc, count)]
     att = layer.attention
+    from model.ops import entry_elements
+
     if p.dcp > 1 and att.kind != "linear":
         q_bytes = dec / p.dp * att.num_heads * att.head_dim * act
         o_bytes = dec / p.dp * att.num_heads * (att.v_head_dim + 2) * act  # + LSE
@@ -311,16 +314,14 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
                            o_bytes, p.dcp, sc, count, algo)]
         # a prefill chunk attends to its whole context: each rank gathers the sharded cached
         # KV of its sequences (vLLM's DCP prefill, VLLM_USE_DIRECT_DCP_KV_GATHER) and runs its
-        # tp heads over all of it; entries counted at 2 B per element, as PCP's gather
-        from model.ops import entry_elements
-
+        # tp heads over all of it (none in a decode-only step); entries at 2 B per element, as
+        # PCP's gather
         pseqs = np.asarray(prefill_seqs, float) / pranks
         ctx_bytes = np.where(pre > 0, np.maximum(pseqs, 1.0), 0.0) * np.asarray(
             prefill_context, float) * entry_elements(att) * 2.0
-        out.append(Collective("dcp_kv_all_gather", "all_gather", ctx_bytes, p.dcp, sc, count))
+        out.append(Collective("dcp_kv_all_gather", "all_gather", ctx_bytes, p.dcp, sc, count,
+                              skip_empty=True))
     if p.pcp > 1 and att.kind != "linear":
-        from model.ops import entry_elements
-
         kv_entry = entry_elements(att) * 2.0
         sc = scope_of(p.pcp, hw, inner=p.tp)
         out += [Collective("pcp_kv_all_gather", "all_gather", pre_rank * kv_entry, p.pcp, sc,

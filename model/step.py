@@ -45,9 +45,6 @@ EAGLE_DRAFT_VOCAB = 32000  # EAGLE-3 drafts predict over a reduced vocabulary (S
 
 
 # ---- kernel and collective time functions (engineer C), with physics fallbacks ---------------------
-PREFILL_ONLY_COLLECTIVES = frozenset({"dcp_kv_all_gather"})
-
-
 def _kernels():
     from model import roofline
 
@@ -214,7 +211,7 @@ class StepModel:
                                    prefill_ranks=pranks, prefill_context=pctx,
                                    prefill_seqs=pseqs):
             t = collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope, c.algorithm)
-            if c.name in PREFILL_ONLY_COLLECTIVES:  # no launch at all in a decode-only step
+            if c.skip_empty:
                 t = np.where(np.asarray(c.bytes) > 0, t, 0.0)
             out.append((f"{tag}:{c.name}", "network", c.count, t))
         return out

@@ -134,8 +134,8 @@ def test_msa_index_keys_are_one_per_token_in_the_step_model_too():
 
 
 def test_dcp_prefill_gather_costs_nothing_in_decode_steps():
-    # the prefill-only KV gather launches only when a step prefills (model.step
-    # PREFILL_ONLY_COLLECTIVES): a decode-only DCP step is the same with or without it, a
+    # the prefill-only KV gather launches only when a step prefills (model.parallel
+    # Collective.skip_empty): a decode-only DCP step is the same with or without it, a
     # prefill step at 100K context pays it on every MLA layer
     hw = toy_hw(hbm_bytes=141e9, hbm_bandwidth_bytes_per_s=4.8e12)
     sm = build_step_model(deepseek_v3_like(), hw, ParallelPlan(tp=8, moe_tp=8, dcp=8))
