@@ -56,14 +56,19 @@ class SystemIdleCap:
         is taken once, so a search calls the result inside its iterations."""
         n = np.maximum(np.round(np.asarray(lanes, float)), 1.0).astype(int)
         if self._t is None:
-            return lambda active_s: np.broadcast_arrays(
-                np.full(n.shape, self.mean), np.asarray(active_s, float))[0]
+            def plain(active_s, idx=None):
+                shape = n.shape if idx is None else np.shape(idx)
+                return np.broadcast_arrays(np.full(shape, self.mean),
+                                           np.asarray(active_s, float))[0]
+            return plain
         values, inverse = np.unique(n, return_inverse=True)
         weight = n * np.array([self._integral(int(v)) for v in values])[inverse].reshape(n.shape)
 
-        def gap_mean(active_s):
+        def gap_mean(active_s, idx=None):
+            """`idx` selects lanes' entries (a root finder's still-active elements)."""
+            w, k = (weight, n) if idx is None else (weight[idx], n[idx])
             p = self.mean / (self.mean + np.maximum(np.asarray(active_s, float), 0.0))
-            return np.maximum(self.mean - weight * p ** (n - 1), 0.0)
+            return np.maximum(self.mean - w * p ** (k - 1), 0.0)
         return gap_mean
 
     def gap_mean(self, lanes, active_s) -> np.ndarray:

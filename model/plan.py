@@ -174,7 +174,7 @@ def traffic_for(workload, hit_rate: float | None = None) -> Traffic:
     if key not in _TRAFFIC_CACHE:
         _TRAFFIC_CACHE[key] = traffic_from_workload(workload, hit_rate=hit_rate)
     return _TRAFFIC_CACHE[key]
-GRID = {"p_max_per_rank": 8192, "b_max": 65536, "points": 24}
+GRID = {"p_max_per_rank": 8192, "b_max": 65536, "points": 32}
 
 
 def _plan_models(arch, hw, sizes, phases, traffic, precision, kv_dtype, chunk,
@@ -398,18 +398,24 @@ def _aggregated_frame(usable, table, hw, traffic: Traffic, gpus: int, kv_bytes_p
                             attr(lambda pm: pm.kv_tokens), attr(lambda pm: pm.tokens_per_step),
                             np.where(np.isfinite(reload), reload, 0.0), max_num_batched_tokens,
                             miss_tokens=miss, lower_tier_tokens=lower)
-    labels = np.array([pm.plan.label() for pm in usable], object)[k]
+    labels = _text(np.array([pm.plan.label() for pm in usable], object)[k])
     ids = np.array([id(pm) for pm in usable], object)[k]
     return pd.DataFrame({
-        "mode": "aggregated", "plan": labels, "decode_plan": labels,
+        "mode": _text(np.full(len(c), "aggregated", object)), "plan": labels,
+        "decode_plan": labels,
         "replicas": replicas.astype(int), "x": 0, "y": replicas.astype(int),
         "concurrency": c.astype(int), "threshold": thr.astype(int),
         "interval": interval.astype(int), "gpus": gpus,
         "tpgs": r["tokens_per_s"] / gpus, "hit_rate": hit,
         **{key: r[key] for key in ("p90_interactivity_tok_s", "p90_ttft_s", "mean_ttft_s",
-                                   "decode_batch", "step_time_s", "rate_rps", "limit",
-                                   "feasible")},
-        "_model": ids})
+                                   "decode_batch", "step_time_s", "rate_rps", "feasible")},
+        "limit": _text(r["limit"]), "_model": ids})
+
+
+def _text(values) -> pd.Series:
+    """A label column kept as Python strings (object dtype): pandas' default Arrow strings cost
+    more to build, filter and concatenate than the search's numbers over 100K+ candidates."""
+    return pd.Series(np.asarray(values, object), dtype=object, copy=False)
 
 
 def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: int,
@@ -506,7 +512,9 @@ def _disaggregated_frame(combo, prefill_models, decode_models, table: StepTable,
     d_labels = np.array([pm.plan.label() for pm in decode_models], object)
     p_ids = np.array([id(pm) for pm in prefill_models], object)
     d_ids = np.array([id(pm) for pm in decode_models], object)
-    out = pd.DataFrame({"mode": "disaggregated", "plan": p_labels[pi], "decode_plan": d_labels[di],
+    r["limit"] = _text(r["limit"])
+    out = pd.DataFrame({"mode": _text(np.full(len(c), "disaggregated", object)),
+                        "plan": _text(p_labels[pi]), "decode_plan": _text(d_labels[di]),
                         "replicas": 0, "threshold": 0, "interval": 1, **r, "hit_rate": hit,
                         "_model": p_ids[pi], "_decode_model": d_ids[di]})
     out["concurrency"] = np.round(out["concurrency"]).astype(int)
@@ -529,10 +537,11 @@ def _bottleneck(pm: _PlanModel, row: pd.Series, traffic: Traffic) -> str:
 def _runner_up(cands: pd.DataFrame, best: pd.Series, slo: float,
                slo_ttft: float | None = None) -> str:
     """The best candidate meeting the SLO in the other mode, for the 'why it wins' line."""
-    other = cands[(cands["mode"] != best["mode"]) & meets_slo(cands, slo, slo_ttft)]
-    if other.empty:
+    rows = np.flatnonzero(((cands["mode"] != best["mode"]) & meets_slo(cands, slo, slo_ttft))
+                          .to_numpy())
+    if not len(rows):
         return ""
-    o = other.loc[other["tpgs"].idxmax()]
+    o = cands.iloc[rows[np.argmax(cands["tpgs"].to_numpy(float)[rows])]]
     name = o["plan"] if o["mode"] == "aggregated" else f"{o['plan']} -> {o['decode_plan']}"
     return (f"; best {o['mode']} alternative {name} at {o['tpgs']:,.0f} TPGS "
             f"(the chosen deployment serves {best['tpgs'] / o['tpgs']:.2f}x more)")
@@ -652,11 +661,12 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int = 12, workloa
     cands = pd.concat(frames, ignore_index=True)
     cands["hit_rate"] = (cands["hit_rate"] if "hit_rate" in cands else pd.Series(
         np.nan, index=cands.index)).fillna(traffic.hit_rate)
-    cands = cands[np.isfinite(cands["tpgs"]) & (cands["tpgs"] > 0)].reset_index(drop=True)
-    feasible = cands[cands["feasible"]]
-    front = pareto_front(feasible[["mode", "plan", "decode_plan", "replicas", "x", "y",
-                                   "concurrency", "threshold", "interval", "tpgs",
-                                   "p90_interactivity_tok_s", "p90_ttft_s", "limit", "gpus"]])
+    served = np.isfinite(cands["tpgs"]) & (cands["tpgs"] > 0)
+    if not served.all():  # a full-frame copy costs 0.1 s at 170K candidates: only when needed
+        cands = cands[served].reset_index(drop=True)
+    front = pareto_front(cands.loc[cands["feasible"], [
+        "mode", "plan", "decode_plan", "replicas", "x", "y", "concurrency", "threshold",
+        "interval", "tpgs", "p90_interactivity_tok_s", "p90_ttft_s", "limit", "gpus"]])
     best = best_under_slo(cands, slo_p90_interactivity, slo_p90_ttft_s)
     deployment = _deployment(best, models_by_id, a.name, max_num_batched_tokens,
                              prefill_hardware or _hw_name(hw))

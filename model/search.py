@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy.optimize.elementwise import find_root
 
 from model.disagg import kv_transfer_time_s, prefill_saturation_rps
 from model.errors import ServecastError
@@ -36,8 +37,8 @@ from model.queueing import pk_wait_s
 Z90 = 1.2816  # standard normal 90th percentile
 AGENTX_IDLE_CAP_S = 300.0  # InferenceX per-trajectory idle cap (workloads.md §1.5)
 QUANTILE_SAMPLE = 4096  # order statistics of the request mix kept for the FCFS P90
+ROOT_LOG_TOL = 1e-8  # decode batch's root in log b: 1e-8 relative (30 bisections reached 1.3e-8)
 POISSON_MAX = 16  # chunks per rank per step considered (tail mass folded into the last bin)
-_LOG_FACTORIAL = np.cumsum(np.log(np.maximum(np.arange(64), 1)))
 
 
 # ---------------------------------------------------------------- traffic moments
@@ -83,47 +84,101 @@ class Traffic:
         means = np.array([(np.ceil(self.uncached_sample / v) ** 2).mean() for v in values])
         return means[inverse].reshape(cap.shape)
 
-    def fcfs_p90_chunks(self, cap, utilization, extra=0.0, iterations: int = 26) -> np.ndarray:
+    def fcfs_p90_chunks(self, cap, utilization, extra=0.0, iterations: int = 20) -> np.ndarray:
         """P90 of a prompt's prefill steps including its FCFS wait, in steps: with probability
         1 - rho the server is free and it takes its own C = ceil(U / cap) + extra steps; with
         probability rho it first waits out the residual R of the prompt in service (length-
         biased: P(R > r) = E[(C - r)+] / E[C]) and then takes its mean E[C]. Cold prefills are
         rare but long, so this P90 sits far below the Pollaczek-Khinchine mean wait added to the
-        P90 own time. Solves (1 - rho) P(C > t) + rho P(R > t - E[C]) = 0.1 by bisection."""
+        P90 own time. Solves (1 - rho) P(C > t) + rho P(R > t - E[C]) = 0.1 by bisection
+        between the two terms' own P90s (the mixture's P90 lies between them)."""
         cap, rho, extra = np.broadcast_arrays(*(np.asarray(a, float)
                                                 for a in (cap, utilization, extra)))
         out = np.zeros(cap.shape)
         for v in np.unique(cap):
             sel = cap == v
-            c = np.sort(np.ceil(self.uncached_sample / v))
+            out[sel] = _fcfs_p90(self._chunk_mix(float(v)), rho[sel], extra[sel], iterations)
+        return out
+
+    @functools.cached_property
+    def _chunk_mixes(self) -> dict:
+        return {}
+
+    def _chunk_mix(self, cap: float) -> _ChunkMix:
+        """The sample's chunk counts at `cap` tokens per step, kept per cap (a search asks for
+        the same few caps in every pass)."""
+        if cap not in self._chunk_mixes:
+            c = np.sort(np.ceil(self.uncached_sample / cap))
             if len(c) > QUANTILE_SAMPLE:  # equally spaced order statistics: ample for a P90
                 c = c[np.linspace(0, len(c) - 1, QUANTILE_SAMPLE).astype(int)]
-            grid = np.concatenate([[0.0], np.unique(c)])
-            # E[(c - a)+] is piecewise linear between the sample's values: exact by interp
-            idx = np.searchsorted(c, grid, side="right")
-            suffix = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])
-            excess = (suffix[idx] - grid * (len(c) - idx)) / len(c)  # E[(c - a)+] at grid
-            mean, e, r = float(c.mean()), extra[sel], rho[sel]
-
-            def tail(t, mean=mean, e=e, r=r, c=c, grid=grid, excess=excess):
-                a = t - e  # C > t  <=>  c > t - e
-                own = 1.0 - np.searchsorted(c, a, side="right") / len(c)
-                b = t - (mean + e) - e  # R > t - E[C]  <=>  residual excess at (t - E[C]) - e
-                g = np.where(b < 0.0, mean - b, np.interp(b, grid, excess, right=0.0))
-                res = np.minimum(g / (mean + e), 1.0)
-                return (1.0 - r) * own + r * res
-
-            lo, hi = np.zeros(len(e)), np.full(len(e), 2.0 * (float(c[-1]) + e.max()) + 1.0)
-            for _ in range(iterations):
-                mid = 0.5 * (lo + hi)
-                over = tail(mid) > 0.1
-                lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
-            out[sel] = hi
-        return out
+            self._chunk_mixes[cap] = _ChunkMix(c)
+        return self._chunk_mixes[cap]
 
     def chunk_size(self, cap) -> np.ndarray:
         """Mean tokens in one prefill chunk under a per-step cap."""
         return self.uncached_mean / self.chunks(cap)
+
+
+class _ChunkMix:
+    """A sorted sample of prompt chunk counts C: its quantiles and its residual excess
+    g(a) = E[(C - a)+], piecewise linear between the sample's values (exact by interp)."""
+
+    def __init__(self, c: np.ndarray):
+        self.c, self.mean = c, float(c.mean())
+        self.grid = np.concatenate([[0.0], np.unique(c)])
+        idx = np.searchsorted(c, self.grid, side="right")
+        suffix = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])
+        self.excess = (suffix[idx] - self.grid * (len(c) - idx)) / len(c)
+
+    def above(self, a):
+        """P(C > a)."""
+        return 1.0 - np.searchsorted(self.c, a, side="right") / len(self.c)
+
+    def quantile_above(self, p):
+        """Smallest a with P(C > a) <= p."""
+        k = np.ceil((1.0 - np.clip(p, 0.0, 1.0)) * len(self.c)).astype(int) - 1
+        return np.where(k >= 0, self.c[np.maximum(k, 0)], 0.0)
+
+    def excess_at(self, b):
+        """g(b); E[C] - b below 0."""
+        return np.where(b < 0.0, self.mean - b, np.interp(b, self.grid, self.excess, right=0.0))
+
+    def excess_inverse(self, target):
+        """Smallest b with g(b) <= target (g decreasing)."""
+        return np.where(target >= self.mean, self.mean - target,
+                        np.interp(target, self.excess[::-1], self.grid[::-1]))
+
+
+def _fcfs_p90(mix: _ChunkMix, r, e, iterations: int) -> np.ndarray:
+    """Solves (1 - r) P(C + e > t) + r P(R > t - E[C]) = 0.1 for t (see
+    Traffic.fcfs_p90_chunks); R's tail is the residual excess over E[C] + e."""
+    mean = mix.mean
+
+    def tail(t):
+        res = np.minimum(mix.excess_at(t - (mean + e) - e) / (mean + e), 1.0)
+        return (1.0 - r) * mix.above(t - e) + r * res
+
+    def own_at(p):  # smallest t with P(C + e > t) <= p
+        return mix.quantile_above(p) + e
+
+    def res_at(p):  # smallest t with P(R > t - E[C]) <= p
+        return mix.excess_inverse(np.clip(p, 0.0, 1.0) * (mean + e)) + mean + 2.0 * e
+
+    # the P90 lies above each term's quantile at the level that term alone would need
+    # (0.1 / its weight), and below both terms' P90s and the quantile of the heavier term
+    # that leaves the lighter one all of its weight
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo = np.maximum(own_at(0.1 / (1.0 - r)), res_at(0.1 / r))
+        hi = np.minimum.reduce([np.maximum(own_at(0.1), res_at(0.1)),
+                                np.where(r < 0.1, own_at((0.1 - r) / (1.0 - r)), np.inf),
+                                np.where(r > 0.9, res_at((r - 0.9) / r), np.inf)])
+    lo = np.maximum(np.minimum(lo, hi) * (1.0 - 1e-9) - 1e-9, 0.0)
+    hi = hi * (1.0 + 1e-9) + 1e-9
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        over = tail(mid) > 0.1
+        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
+    return hi
 
 
 def traffic_from_mix(name: str, context, uncached, output, gap,
@@ -151,9 +206,10 @@ def traffic_from_workload(workload, n: int = 200_000, seed: int = 0, hit_rate: f
 # ---------------------------------------------------------------- step tables
 
 def step_grid(p_max: float, b_max: float, points: int = 28) -> tuple[np.ndarray, np.ndarray]:
-    """The (prefill tokens, decode seqs) grid every step table uses: 0 plus a log-spaced range."""
-    return (np.concatenate([[0.0], np.geomspace(1.0, max(p_max, 2.0), points)]),
-            np.concatenate([[0.0], np.geomspace(1.0, max(b_max, 2.0), points)]))
+    """The (prefill tokens, decode seqs) grid every step table uses: `points` + 1 nodes from 0,
+    evenly spaced in log1p, so a lookup finds its cell by one multiply (no search)."""
+    return tuple(np.expm1(np.linspace(0.0, np.log1p(max(top, 2.0)), points + 1))
+                 for top in (p_max, b_max))
 
 
 class StepTable:
@@ -181,7 +237,14 @@ class StepTable:
 
     def _set_log_grid(self):
         self._lp, self._lb = np.log1p(self.p_grid), np.log1p(self.b_grid)
-        self._inv_dp, self._inv_db = 1.0 / np.diff(self._lp), 1.0 / np.diff(self._lb)
+        self._inv_dp, self._inv_db = (self._inverse_steps(g) for g in (self._lp, self._lb))
+
+    @staticmethod
+    def _inverse_steps(log_grid):
+        """1 / cell width in log1p: one number on an evenly spaced grid (step_grid's), else per
+        cell (a grid given by the caller)."""
+        steps = np.diff(log_grid)
+        return 1.0 / steps[0] if np.allclose(steps, steps[0], rtol=1e-9) else 1.0 / steps
 
     @property
     def tables_one(self) -> np.ndarray:
@@ -212,6 +275,14 @@ class StepTable:
         of a stacked table (broadcast with the others)."""
         return self._lookup(self.tables, prefill_tokens, decode_seqs, which)
 
+    def decode(self, decode_seqs, which=0) -> np.ndarray:
+        """Step time of a decode-only step: `self(0, decode_seqs, which)` on the table's first
+        row, without locating a prefill coordinate (the search's inner loops call it most)."""
+        j, fb = self._b_index(decode_seqs)
+        base = np.asarray(which) * (len(self.p_grid) * len(self.b_grid)) + j
+        flat = self.tables.reshape(-1)
+        return flat.take(base) * (1 - fb) + flat.take(base + 1) * fb
+
     def busiest(self, rank_tokens, total_tokens, decode_seqs, dp, which=0) -> np.ndarray:
         """Step time when the busiest DP rank carries `rank_tokens` prefill tokens and all ranks
         `total_tokens`: the lock-stepped ranks wait for the busiest one's attention and dense
@@ -233,7 +304,12 @@ class StepTable:
     @staticmethod
     def _index(grid, log_grid, inv_step, values):
         """(cell, fraction) of `values` on a log1p grid, clamped to its ends."""
-        lv = np.log1p(np.minimum(np.maximum(values, 0.0), grid[-1]))
+        # log(1 + v), not log1p: ~2x faster here, and v (tokens, sequences) is never tiny
+        lv = np.log(1.0 + np.minimum(np.maximum(values, 0.0), grid[-1]))
+        if np.ndim(inv_step) == 0:  # evenly spaced: the cell is the scaled position's floor
+            pos = lv * inv_step
+            i = np.minimum(pos.astype(np.intp), len(log_grid) - 2)
+            return i, pos - i
         i = np.minimum(np.maximum(np.searchsorted(log_grid, lv) - 1, 0), len(log_grid) - 2)
         return i, (lv - log_grid[i]) * inv_step[i]
 
@@ -254,11 +330,10 @@ class StepTable:
 
 def _poisson_pmf(lam, nmax: int = POISSON_MAX) -> np.ndarray:
     """pmf of Poisson(lam) on 0..nmax (last bin holds the tail), shape lam.shape + (nmax+1,)."""
-    lam = np.asarray(lam, float)[..., None]
-    n = np.arange(nmax + 1)
-    with np.errstate(divide="ignore"):
-        log_pmf = n * np.log(np.maximum(lam, 1e-300)) - lam - _LOG_FACTORIAL[: nmax + 1]
-    pmf = np.where(lam > 0, np.exp(log_pmf), (n == 0).astype(float))
+    lam = np.maximum(np.asarray(lam, float)[..., None], 0.0)
+    # e^-lam lam^n / n! as a running product: no exp or log per bin
+    ratios = np.concatenate([np.exp(-lam), lam / np.arange(1, nmax + 1)], -1)
+    pmf = np.cumprod(ratios, -1)
     pmf[..., -1] += np.clip(1.0 - pmf.sum(-1), 0, 1)
     return pmf
 
@@ -266,7 +341,8 @@ def _poisson_pmf(lam, nmax: int = POISSON_MAX) -> np.ndarray:
 def _max_of_ranks(pmf: np.ndarray, ranks) -> np.ndarray:
     """pmf of the max over `ranks` iid draws (lockstep DP ranks wait for the slowest)."""
     cdf = np.cumsum(pmf, -1).clip(0, 1)
-    cdf_max = cdf ** np.asarray(ranks, float)[..., None]
+    with np.errstate(divide="ignore"):  # exp(k log F), about 1.4x faster than F ** k
+        cdf_max = np.exp(np.asarray(ranks, float)[..., None] * np.log(cdf))
     return np.diff(cdf_max, prepend=0.0, axis=-1)
 
 
@@ -313,7 +389,7 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
         reload = np.asarray(lower_tier_tokens, float) * reload_tok
     n = np.arange(POISSON_MAX + 1)
 
-    t = table(0.0, np.maximum(c_r / 4, 1.0), which)
+    t = table.decode(np.maximum(c_r / 4, 1.0), which)
     t_chunk = t_quiet = t
     t_prev = g_prev = None
     idle_gap = traffic.idle_gap(conc)
@@ -334,9 +410,9 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
                                            which), t)
         if it < iterations - mixture_iterations:  # mean field first: cheap, gets close
             t = 0.5 * t + 0.5 * table(p_step, b_mb, which)
-            t_quiet = table(0.0, b_mb, which)
+            t_quiet = table.decode(b_mb, which)
             continue
-        t_quiet = table(0.0, b_mb, which)
+        t_quiet = table.decode(b_mb, which)
         lam = r * u * t * interval / (pp * dp * k_eff)  # chunks per rank per admitting step
         # the step waits for the busiest of the dp lock-stepped ranks, and with pp stages for
         # the slowest of the pp microbatches in flight: a sequence's next token needs its own
@@ -425,24 +501,25 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
                            which, decode_gpus, decode_batch_cap, x, y, concurrency,
                            traffic: Traffic, chunk_tokens, kv_bytes_per_token: float,
                            link_bytes_per_s: float, tokens_per_step=1.0, miss_tokens=0.0,
-                           lower_tier_s=0.0, iterations: int = 30) -> dict:
+                           lower_tier_s=0.0) -> dict:
     """Closed loop of `concurrency` lanes over x prefill and y decode instances, all arguments
     broadcastable arrays (one entry per candidate); returns flattened arrays.
 
     A lane's cycle: M/D/1 wait in the prefill pool (at its load), the prefill of U uncached tokens
     at the prefill instance's rate chunk / T_P (`prefill_step_s` is its `chunk_tokens` step), the
     KV hand-off, O / q decode steps of T_D(b), the think gap. With b the mean decoding sequences
-    per decode instance (`decode_table(0, b, which)` gives T_D, no prefill interference) the
+    per decode instance (`decode_table.decode(b, which)` gives T_D, no prefill interference) the
     system serves r(b) = y b q / (O T_D(b)) requests/s and holds N(b) = r(b) * cycle(b) lanes
-    (Little's law); N rises with b, so bisection on log b finds the b that carries the given
-    lanes. b stops at `decode_batch_cap` (KV pool, max_num_seqs): lanes beyond it wait for a
+    (Little's law); N rises with b, so a bracketed root finder on log b (`_decode_batch_root`)
+    finds the b that carries the given lanes. b stops at `decode_batch_cap` (KV pool, max_num_seqs): lanes beyond it wait for a
     decode slot, and a prefill pool near saturation absorbs them in its M/D/1 wait.
     Finite cache: `miss_tokens` per request are recomputed (prefill work), `lower_tier_s` per
     request reloads lower-tier hits before the prefill."""
     args = np.broadcast_arrays(*(np.asarray(a, float) for a in (
         prefill_step_s, prefill_gpus, prefill_senders, which, decode_gpus, decode_batch_cap, x, y,
         concurrency, chunk_tokens, tokens_per_step, miss_tokens, lower_tier_s)))
-    t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = args
+    t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = (
+        np.atleast_1d(a) for a in args)  # candidates are indexed (the root finder's subsets)
     which = which.astype(int)
     u, o, s = traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean
     thr_p = chunk / t_p  # prefill tokens/s per instance
@@ -453,24 +530,23 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     hand_mean = kv_transfer_time_s(u, kv_bytes_per_token, link_bytes_per_s, senders)
     fixed = service + hand_mean + lower  # active time outside the queue and the decode
     idle_gap = traffic.idle_gap(conc)
+    service_sq = np.broadcast_to(u_sq / thr_p**2, conc.shape)
 
-    def state(b):
-        step = decode_table(0.0, b, which)
-        r = y * b * tps / (o * step)
-        wait = pk_wait_s(r / x, service, u_sq / thr_p**2)
-        active = fixed + wait + o / tps * step
-        return step, r, wait, r * (active + idle_gap(active))
+    def state(b, idx=slice(None)):
+        """(decode step, request rate, prefill wait, lanes held) at b decoding sequences per
+        decode instance; `idx` selects candidates (the root finder's still-active ones)."""
+        step = decode_table.decode(b, which[idx])
+        r = y[idx] * b * tps[idx] / (o * step)
+        wait = pk_wait_s(r / x[idx], service[idx], service_sq[idx])
+        active = fixed[idx] + wait + o / tps[idx] * step
+        return step, r, wait, r * (active + idle_gap(active, None if isinstance(idx, slice)
+                                                        else idx))
 
-    lo = np.full(conc.shape, np.log(1e-3))
     top = np.maximum(b_cap, 1e-3)  # the decode cap, evaluated once
-    hi = np.log(top)
     cap_step, _, _, cap_held = state(top)
     at_cap = cap_held <= conc
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        over = state(np.exp(mid))[3] > conc
-        hi, lo = np.where(over, mid, hi), np.where(over, lo, mid)
-    b = np.where(at_cap, top, np.exp(lo))
+    b = np.where(at_cap, top, _decode_batch_root(state, decode_table.decode(0.0, which), top,
+                                                  cap_step, fixed, o / tps, idle_gap, y, conc))
     step, rate, wait, held = state(b)
     active = fixed + wait + o / tps * step
     queue = np.where(at_cap, np.maximum(conc / np.maximum(rate, 1e-300) - active
@@ -495,15 +571,35 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     return {k: np.ravel(v) for k, v in out.items()}
 
 
+def _decode_batch_root(state, step0, top, top_step, fixed, steps_per_token, idle_gap, y, conc):
+    """The decode batch b <= `top` at which `state(b)` holds `conc` lanes, bracketed tightly
+    before Chandrupatla's method (scipy) refines it in log b. Above: each lane decodes its
+    O / q steps (`steps_per_token` = O / q) and waits at least `fixed` plus its shortest gap
+    per turn, so N(b) >= y b (1 + (fixed + gap) / (O / q T_D(top))). Below: for b under that
+    bound b_hi the wait, step and gap are at most b_hi's and the step at least T_D(0), so
+    N(b) <= b N(b_hi) T_D(b_hi) / (b_hi T_D(0))."""
+    gap_min = idle_gap(fixed + steps_per_token * step0)
+    b_hi = np.minimum(top, conc / (y * (1.0 + (fixed + gap_min) / (steps_per_token * top_step))))
+    step_hi, _, _, held_hi = state(b_hi)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b_lo = np.maximum(b_hi * conc / held_hi * step0 / step_hi, 1e-3)
+    lo, hi = np.log(np.minimum(b_lo, b_hi)), np.log(b_hi)
+    root = find_root(lambda lb, idx: state(np.exp(lb), idx.astype(int))[3] - conc[idx.astype(int)],
+                     (lo, np.maximum(hi, lo + 1e-12)),
+                     args=(np.arange(conc.size).reshape(conc.shape),),
+                     tolerances={"xatol": ROOT_LOG_TOL, "xrtol": 0.0, "fatol": 0.0, "frtol": 0.0})
+    return np.exp(np.where(root.success, root.x, hi))
+
+
 def _tagged_shift(table: StepTable, b, lanes, which, base):
     """What the decode step a decoding request sees adds to the mean batch's: itself plus the
     others decoding, b + 1 - b / lanes in all (Palm expectation over a closed loop of `lanes`
     sessions; model.serving._tagged_decode_step is the same correction in the full closed form).
     It matters at light load, where the time-average batch b counts idle time. `base`: the
-    caller's decode step at b (table(0, b)), already looked up."""
+    caller's decode step at b (table.decode(b)), already looked up."""
     b = np.asarray(b, float)
     extra = np.maximum(1.0 - b / np.maximum(lanes, 1e-9), 0.0)
-    return np.maximum(table(0.0, b + extra, which) - base, 0.0)
+    return np.maximum(table.decode(b + extra, which) - base, 0.0)
 
 
 def _batch_step_sd(decode_table: StepTable, which, b, lanes, at_cap, traffic: Traffic, tps):
@@ -515,8 +611,8 @@ def _batch_step_sd(decode_table: StepTable, which, b, lanes, at_cap, traffic: Tr
     length = traffic.output_mean / tps
     w = np.minimum(traffic.output_p10 / tps, length)
     var = b * (1.0 - w / (3.0 * length)) * np.maximum(1.0 - b / np.maximum(lanes, 1e-9), 0.0)
-    slope = np.maximum(decode_table(0.0, b + 1.0, which) - decode_table(
-        0.0, np.maximum(b - 1.0, 0.0), which), 0.0) / (b + 1.0 - np.maximum(b - 1.0, 0.0))
+    slope = np.maximum(decode_table.decode(b + 1.0, which) - decode_table.decode(
+        np.maximum(b - 1.0, 0.0), which), 0.0) / (b + 1.0 - np.maximum(b - 1.0, 0.0))
     return np.where(at_cap, 0.0, slope * np.sqrt(var))
 
 
@@ -527,10 +623,12 @@ def pareto_front(df: pd.DataFrame, x: str = "p90_interactivity_tok_s", y: str = 
     """Rows not dominated in (higher x, higher y), sorted by x."""
     if df.empty:
         return df
-    d = df.sort_values([y, x], ascending=[False, False])
-    best_x = np.maximum.accumulate(d[x].to_numpy())
-    keep = np.concatenate([[True], d[x].to_numpy()[1:] > best_x[:-1]])
-    return d[keep].sort_values(x).reset_index(drop=True)
+    xv, yv = df[x].to_numpy(float), df[y].to_numpy(float)
+    order = np.lexsort((-xv, -yv))  # y descending, then x descending (NaN last)
+    xs = xv[order]
+    keep = np.concatenate([[True], xs[1:] > np.maximum.accumulate(xs)[:-1]])
+    rows = order[keep]  # only the front's rows are taken from the frame
+    return df.iloc[rows[np.argsort(xv[rows], kind="stable")]].reset_index(drop=True)
 
 
 def meets_slo(df: pd.DataFrame, slo_p90_interactivity: float,
@@ -542,8 +640,8 @@ def meets_slo(df: pd.DataFrame, slo_p90_interactivity: float,
 
 def best_under_slo(df: pd.DataFrame, slo_p90_interactivity: float,
                    slo_p90_ttft_s: float | None = None) -> pd.Series:
-    ok = df[meets_slo(df, slo_p90_interactivity, slo_p90_ttft_s)]
-    if ok.empty:
+    ok = np.flatnonzero(meets_slo(df, slo_p90_interactivity, slo_p90_ttft_s).to_numpy())
+    if not len(ok):
         from model.errors import Infeasible
 
         best = df["p90_interactivity_tok_s"].max() if len(df) else float("nan")
@@ -556,7 +654,14 @@ def best_under_slo(df: pd.DataFrame, slo_p90_interactivity: float,
                              "raise --slo-p90-ttft or add GPUs")
         raise Infeasible(f"no candidate reaches P90 interactivity {slo_p90_interactivity:g} tok/s "
                          f"(best {best:.1f} tok/s); lower --slo-p90-interactivity or add GPUs")
-    return ok.sort_values(["tpgs", "p90_interactivity_tok_s"], ascending=False).iloc[0]
+    return df.iloc[_top(df, ok)]
+
+
+def _top(df: pd.DataFrame, rows: np.ndarray) -> int:
+    """Position of the highest-TPGS row among `rows`, ties to the higher P90 interactivity."""
+    tpgs = df["tpgs"].to_numpy(float)[rows]
+    tied = rows[tpgs == tpgs.max()]
+    return int(tied[np.argmax(df["p90_interactivity_tok_s"].to_numpy(float)[tied])])
 
 
 def require_candidates(df: pd.DataFrame, what: str) -> pd.DataFrame:

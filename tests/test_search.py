@@ -85,6 +85,15 @@ def test_step_table_matches_model_on_grid_and_between():
                                                grid=(table.p_grid, table.b_grid))], [1.0, 1.2])
     assert float(scaled(100.0, 10.0, which=1)) == pytest.approx(0.6)
     assert float(scaled(2000.0, 100.0, which=0)) == float(table(2000.0, 100.0))
+    # the decode-only lookup is the table's first row, per plan
+    assert float(scaled.decode(64.0, which=0)) == pytest.approx(
+        float(model.step_time_s(0.0, 100_000, 64.0, 100_000)), rel=0.03)
+    assert float(scaled.decode(10.0, which=1)) == pytest.approx(0.6)
+    # a grid not evenly spaced in log1p (a caller's) is looked up by search, same values
+    uneven = StepTable(model, 100_000, 8192, 0, 0, grid=(np.r_[0.0, np.geomspace(1, 8192, 40)],
+                                                         np.r_[0.0, np.geomspace(1, 512, 40)]))
+    assert float(uneven(2000.0, 100.0)) == pytest.approx(
+        float(model.step_time_s(2000.0, 100_000, 100.0, 100_000)), rel=0.03)
 
 
 def test_aggregated_constant_step_closed_form():
@@ -230,6 +239,30 @@ def test_fcfs_prefill_p90_mixes_the_free_server_and_the_residual_of_the_one_in_s
     assert _fcfs_prefill(tr, np.array([512.0]), 0.0, np.array([512]), 1.0, 0.1, 0.1, 0.1, 1,
                          1)[0][0] == 0.0
 
+
+
+def test_fcfs_p90_solves_its_mixture_equation_at_any_load_and_extra():
+    # The P90 is the smallest t with (1 - rho) P(C + e > t) + rho P(R > t - E[C]) <= 0.1
+    # (Traffic.fcfs_p90_chunks), R's law P(R > r) = E[(C - r)+] / E[C] shifted by the extra
+    # chunks e. Checked against that definition scanned on a 0.001-step grid, for a skewed
+    # mix of 1..40-chunk prompts and loads and extras on both sides of the bracket's cases
+    # (rho < 0.1, 0.1..0.9, > 0.9).
+    rng = np.random.default_rng(7)
+    tokens = np.ceil(rng.lognormal(7.5, 1.0, 400))
+    tr = traffic_from_mix("skewed", np.full(400, 1e5), tokens, np.full(400, 300.0),
+                          np.full(400, 5.0))
+    cap = 512.0
+    c = np.ceil(tokens / cap)
+    rho = np.array([0.0, 0.05, 0.3, 0.6, 0.95, 0.999])
+    extra = np.array([0.0, 0.5, 2.0, 0.0, 3.0, 1.0])
+    got = tr.fcfs_p90_chunks(np.full(6, cap), rho, extra)
+    t = np.arange(0.0, 200.0, 0.001)
+    for r, e, value in zip(rho, extra, got, strict=True):
+        own = (c[None, :] + e > t[:, None]).mean(1)
+        b = t - (c.mean() + e) - e  # R > t - E[C]: residual excess at b
+        excess = np.where(b < 0, c.mean() - b, np.maximum(c[None, :] - b[:, None], 0).mean(1))
+        tail = (1 - r) * own + r * np.minimum(excess / (c.mean() + e), 1.0)
+        assert value == pytest.approx(t[np.argmax(tail <= 0.1)], abs=2e-3)
 
 @dataclass
 class LinearDecodeStep:
