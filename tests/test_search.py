@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model.errors import Infeasible
 from model.parallel import ParallelPlan
@@ -266,12 +268,13 @@ def test_fcfs_p90_solves_its_mixture_equation_at_any_load_and_extra():
 
 @dataclass
 class LinearDecodeStep:
-    """A decode step of 20 ms + 1 ms per decoding sequence."""
+    """A decode step of 20 ms + `slope` (1 ms) per decoding sequence."""
 
+    slope: float = 0.001
     plan: ParallelPlan = ParallelPlan()
 
     def step_time_s(self, p, pctx, b, dctx, seqs=1.0):
-        return 0.02 + 0.001 * np.asarray(b, float) + 0.0 * np.asarray(p, float)
+        return 0.02 + self.slope * np.asarray(b, float) + 0.0 * np.asarray(p, float)
 
 
 def test_disaggregated_p90_step_carries_the_decode_batch_fluctuation():
@@ -320,3 +323,30 @@ def test_disaggregated_decode_workers_take_their_engine_factor():
     assert np.allclose(frame["step_time_s"], 0.025)
     decode = sat[sat["phase"] == "decode"].iloc[0]
     assert decode["at_interactivity_tok_s"] == pytest.approx(40.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(t_prefill=st.floats(0.02, 5.0), slope_ms=st.floats(0.0, 2.0), x=st.integers(1, 4),
+       y=st.integers(1, 4), b_cap=st.floats(1.0, 1e4))
+def test_disaggregated_decode_batch_holds_every_lane(t_prefill, slope_ms, x, y, b_cap):
+    # Whatever the load, the decode batch the solver returns satisfies the closed loop's
+    # Little's law: lanes = rate x (mean TTFT + O / q decode steps + gap), with the 10 s gap of
+    # `_traffic` (under the AgentX idle cap, so its mean) and O = 400; at the decode cap the
+    # lanes beyond it queue, so rate is the cap's: y b_cap / (O T_D(b_cap)). Lanes span 1 to
+    # 3,000, from an idle pool to a saturated prefill pool (0.004 to 13 rps of prefill).
+    tr = _traffic()
+    step = LinearDecodeStep(slope=slope_ms * 1e-3)
+    table = StepTable(step, tr.context_mean, 8192, 8192, 1e5)
+    lanes = np.geomspace(1.0, 3000.0, 40)
+    r = pd.DataFrame(evaluate_disaggregated(t_prefill, 2, 1, table, 0, 4, b_cap, x, y, lanes, tr,
+                                            8192, 50_000, 50e9))
+    free = r["limit"] != "decode_rate"
+    cycle = r["mean_ttft_s"] + 400 * r["step_time_s"] + 10.0
+    held = (r["rate_rps"] * cycle)[free]
+    # (1e-4: the solver stops at 1e-8 in log b, and near prefill saturation the lanes held
+    # climb steeply with b)
+    assert np.allclose(held, lanes[free], rtol=1e-4)
+    assert (r["decode_batch"][free] <= b_cap * (1 + 1e-9)).all()
+    capped = r[~free]
+    assert np.allclose(capped["rate_rps"], y * capped["decode_batch_cap"]
+                       / (400 * capped["step_time_s"]), rtol=1e-9)
