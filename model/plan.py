@@ -25,7 +25,9 @@ Documented assumptions (the same for every model and chip, no per-row factors):
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -156,10 +158,27 @@ class _PlanModel:
     plan: ParallelPlan
     hardware: str
     step: object
-    table: StepTable
+    table_factory: Callable[[], StepTable]  # built on first use (`table`)
     kv_tokens: float
     tokens_per_step: float
-    table_context: float = 0.0  # mean input tokens per request the table was built at
+    table_context: float = 0.0  # mean input tokens per request the table is built at
+    chunk: float = 8192.0  # max_num_batched_tokens per DP rank
+    _prefill_steps: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @functools.cached_property
+    def table(self) -> StepTable:
+        """The plan's step table; prefill-only workers never build one (`prefill_step_s`), and
+        they are 87 of the default search's 200 plans."""
+        return self.table_factory()
+
+    def prefill_step_s(self, tokens: float) -> float:
+        """A prefill-only step carrying `tokens` over the DP ranks in chunks of `chunk`, at the
+        table's context, evaluated directly (what a prefill pool's rate needs)."""
+        if tokens not in self._prefill_steps:  # kept: every search of the process asks again
+            ctx = self.table_context
+            self._prefill_steps[tokens] = float(self.step.step_time_s(
+                tokens, ctx, 0.0, ctx, max(tokens / self.chunk, 1.0)))
+        return self._prefill_steps[tokens]
 
 
 _MODEL_CACHE: dict[tuple, _PlanModel | None] = {}
@@ -212,15 +231,17 @@ def _plan_models(arch, hw, sizes, phases, traffic, precision, kv_dtype, chunk,
                         _MODEL_CACHE[key] = None
                         _REJECTED[(arch_key, hw_name)] = str(err)
                         continue
-                    table = StepTable(step, traffic.context_mean, chunk, 0, 0, grid=grid)
                     kv = _kv_capacity_tokens(sized, hw, plan, kv_dtype, step,
                                              traffic.context_mean)
                     if kv <= 0:
                         _MODEL_CACHE[key] = None
                         _REJECTED[(arch_key, hw_name)] = f"{plan.label()}: no KV pool left"
                         continue
-                    _MODEL_CACHE[key] = _PlanModel(plan, hw_name, step, table, kv, float(
-                        getattr(step, "tokens_per_decode_step", 1.0)), traffic.context_mean)
+                    _MODEL_CACHE[key] = _PlanModel(
+                        plan, hw_name, step, functools.partial(
+                            StepTable, step, traffic.context_mean, chunk, 0, 0, grid=grid),
+                        kv, float(getattr(step, "tokens_per_decode_step", 1.0)),
+                        traffic.context_mean, chunk)
                 if _MODEL_CACHE[key] is not None:
                     out.append(_MODEL_CACHE[key])
     return out
@@ -434,7 +455,7 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
         return pd.DataFrame(), pd.DataFrame(columns=["phase", "plan", "hardware", "gpus",
                                                      "max_rps", "max_rps_per_gpu",
                                                      "at_interactivity_tok_s"])
-    t_p = np.array([float(pm.table(chunk * pm.plan.dp, 0.0)) for pm in prefill_models])
+    t_p = np.array([pm.prefill_step_s(chunk * pm.plan.dp) for pm in prefill_models])
     chunk_p = np.array([chunk * pm.plan.dp for pm in prefill_models], float)
     lam_p = chunk_p / t_p / traffic.uncached_mean
     for pm, lam in zip(prefill_models, lam_p, strict=True):

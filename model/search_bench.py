@@ -55,7 +55,9 @@ def bench_search(repeats: int = 3, **scenario) -> dict:
             "candidates": int(len(result.candidates)),
             "aggregated_candidates": int((result.candidates["mode"] == "aggregated").sum()),
             "disaggregated_candidates": int((result.candidates["mode"] == "disaggregated").sum()),
-            "plans_with_tables": len([m for m in _MODEL_CACHE.values() if m is not None]),
+            "plans": len([m for m in _MODEL_CACHE.values() if m is not None]),
+            "plans_with_tables": len([m for m in _MODEL_CACHE.values()
+                                      if m is not None and "table" in vars(m)]),
             "cold_search_s": cold, "cold_search_min_s": min(colds),
             "cold_search_runs_s": [round(c, 3) for c in colds], "warm_search_s": warm,
             "candidates_per_s_warm": len(result.candidates) / warm,

@@ -315,8 +315,8 @@ def test_disaggregated_decode_workers_take_their_engine_factor():
     def model(t):
         step = FactoredStep(t)
         return _PlanModel(ParallelPlan(), "h100-sxm", step,
-                          StepTable(step, tr.context_mean, 8192, 0, 0, grid=grid), 1e9, 1.0,
-                          tr.context_mean)
+                          lambda: StepTable(step, tr.context_mean, 8192, 0, 0, grid=grid), 1e9,
+                          1.0, tr.context_mean, 8192)
 
     frame, sat = search_disaggregated([model(0.5)], [model(0.02)], tr, 2, 1e5, 1e11, 8192, 0.0,
                                       [4.0, 16.0])
