@@ -56,17 +56,16 @@ class SystemIdleCap:
         is taken once, so a search calls the result inside its iterations."""
         n = np.maximum(np.round(np.asarray(lanes, float)), 1.0).astype(int)
         if self._t is None:
-            def plain(active_s, idx=None):
-                shape = n.shape if idx is None else np.shape(idx)
-                return np.broadcast_arrays(np.full(shape, self.mean),
+            def plain(active_s, idx=...):
+                return np.broadcast_arrays(np.full(n[idx].shape, self.mean),
                                            np.asarray(active_s, float))[0]
             return plain
         values, inverse = np.unique(n, return_inverse=True)
         weight = n * np.array([self._integral(int(v)) for v in values])[inverse].reshape(n.shape)
 
-        def gap_mean(active_s, idx=None):
+        def gap_mean(active_s, idx=...):
             """`idx` selects lanes' entries (a root finder's still-active elements)."""
-            w, k = (weight, n) if idx is None else (weight[idx], n[idx])
+            w, k = weight[idx], n[idx]
             p = self.mean / (self.mean + np.maximum(np.asarray(active_s, float), 0.0))
             # p ** (k - 1) as exp((k - 1) log p): ~1.4x faster; p >= 1e-300 keeps k = 1 at 1
             return np.maximum(self.mean - w * np.exp((k - 1) * np.log(np.maximum(p, 1e-300))),

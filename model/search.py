@@ -92,7 +92,7 @@ class Traffic:
         biased: P(R > r) = E[(C - r)+] / E[C]) and then takes its mean E[C]. Cold prefills are
         rare but long, so this P90 sits far below the Pollaczek-Khinchine mean wait added to the
         P90 own time. Solves (1 - rho) P(C > t) + rho P(R > t - E[C]) = 0.1 by bisection
-        between the two terms' own P90s (the mixture's P90 lies between them)."""
+        between quantile bounds of the two terms (`_fcfs_p90`)."""
         cap, rho, extra = np.broadcast_arrays(*(np.asarray(a, float)
                                                 for a in (cap, utilization, extra)))
         out = np.zeros(cap.shape)
@@ -512,8 +512,9 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     per decode instance (`decode_table.decode(b, which)` gives T_D, no prefill interference) the
     system serves r(b) = y b q / (O T_D(b)) requests/s and holds N(b) = r(b) * cycle(b) lanes
     (Little's law); N rises with b, so a bracketed root finder on log b (`_decode_batch_root`)
-    finds the b that carries the given lanes. b stops at `decode_batch_cap` (KV pool, max_num_seqs): lanes beyond it wait for a
-    decode slot, and a prefill pool near saturation absorbs them in its M/D/1 wait.
+    finds the b that carries the given lanes. b stops at `decode_batch_cap` (KV pool,
+    max_num_seqs): lanes beyond it wait for a decode slot, and a prefill pool near saturation
+    absorbs them in its M/D/1 wait.
     Finite cache: `miss_tokens` per request are recomputed (prefill work), `lower_tier_s` per
     request reloads lower-tier hits before the prefill."""
     args = np.broadcast_arrays(*(np.asarray(a, float) for a in (
@@ -540,8 +541,7 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
         r = y[idx] * b * tps[idx] / (o * step)
         wait = pk_wait_s(r / x[idx], service[idx], service_sq[idx])
         active = fixed[idx] + wait + o / tps[idx] * step
-        return step, r, wait, r * (active + idle_gap(active, None if isinstance(idx, slice)
-                                                        else idx))
+        return step, r, wait, r * (active + idle_gap(active, idx))
 
     top = np.maximum(b_cap, 1e-3)  # the decode cap, evaluated once
     cap_step, _, _, cap_held = state(top)
@@ -585,8 +585,11 @@ def _decode_batch_root(state, step0, top, top_step, fixed, steps_per_token, idle
     with np.errstate(divide="ignore", invalid="ignore"):
         b_lo = np.maximum(b_hi * conc / held_hi * step0 / step_hi, 1e-3)
     lo, hi = np.log(np.minimum(b_lo, b_hi)), np.log(b_hi)
-    root = find_root(lambda lb, idx: state(np.exp(lb), idx.astype(int))[3] - conc[idx.astype(int)],
-                     (lo, np.maximum(hi, lo + 1e-12)),
+    def excess_lanes(log_b, idx):  # scipy passes the active candidates' indices as floats
+        idx = idx.astype(int)
+        return state(np.exp(log_b), idx)[3] - conc[idx]
+
+    root = find_root(excess_lanes, (lo, np.maximum(hi, lo + 1e-12)),
                      args=(np.arange(conc.size).reshape(conc.shape),),
                      tolerances={"xatol": ROOT_LOG_TOL, "xrtol": 0.0, "fatol": 0.0, "frtol": 0.0})
     return np.exp(np.where(root.success, root.x, hi))

@@ -1,7 +1,7 @@
 """`bench_search()`: speed of the full deployment search on the default scenario (`make bench`).
 
-Two numbers: `cold` includes enumerating the plans, building every plan's step model and step
-table and the cache model's answers for every plan's capacities (what happens once per process
+Two numbers: `cold` includes enumerating the plans, building every plan's step model, the step
+tables the search reads (prefill-only plans need none) and the cache model's answers for every plan's capacities (what happens once per process
 is done before the clock starts: imports, reading data files, calibration tables and the
 workload's sessions, compiling the sympy op formulas), median and minimum of `repeats` runs;
 `warm` re-runs the search with those tables kept, which is the cost of evaluating the
