@@ -5,6 +5,8 @@ moments for Poisson-started work seen through a window (derived: §6 + standard 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -173,16 +175,77 @@ def quantiles_from_pmf(pmf: np.ndarray, grid: np.ndarray, qs) -> np.ndarray:
     return quantiles_from_cdf(cdf / cdf[-1], grid, qs)
 
 
-def expected_max_poisson(mean: float, n: int) -> float:
+def expected_max_poisson(mean, n: int):
     """E[max of n iid Poisson(mean)] = sum_k (1 - F(k)^n), F the Poisson cdf (= mean for n 1);
-    beyond a mean of 400 the normal limit mean + sqrt(mean) E[max of n N(0, 1)]."""
-    if n <= 1 or mean <= 0:
-        return max(mean, 0.0)
-    from scipy.stats import norm, poisson
+    beyond a mean of 400 the normal limit mean + sqrt(mean) E[max of n N(0, 1)]. `mean` a
+    number (returns a float) or an array (returns an array of its shape)."""
+    m = np.maximum(np.asarray(mean, float), 0.0)
+    if n <= 1:
+        out = m
+    else:
+        from scipy.stats import poisson
 
-    if mean > 400.0:
-        z = np.linspace(-8.0, 8.0, 4001)
-        e_max = float(np.sum(1.0 - norm.cdf(z) ** n) * (z[1] - z[0])) - 8.0
-        return mean + np.sqrt(mean) * e_max
-    k = np.arange(int(mean + 12.0 * np.sqrt(mean) + 12.0))
-    return float(np.sum(1.0 - poisson.cdf(k, mean) ** n))
+        out = np.empty_like(m)
+        big = m > 400.0
+        if np.any(big):
+            out[big] = m[big] + np.sqrt(m[big]) * _expected_max_normal(n)
+        small = m[~big]
+        if small.size:
+            top = float(small.max())
+            k = np.arange(int(top + 12.0 * np.sqrt(top) + 12.0))
+            out[~big] = np.sum(1.0 - poisson.cdf(k, small[..., None]) ** n, axis=-1)
+    return float(out) if np.ndim(mean) == 0 else out
+
+
+@functools.lru_cache(maxsize=64)
+def _expected_max_normal(n: int) -> float:
+    """E[max of n iid N(0, 1)]."""
+    from scipy.stats import norm
+
+    z = np.linspace(-8.0, 8.0, 4001)
+    return float(np.sum(1.0 - norm.cdf(z) ** n) * (z[1] - z[0])) - 8.0
+
+
+# balls at which expected_max_occupancy is evaluated: every count to 64, then geometric (the
+# curve is smooth there), interpolated between; exact up to EXACT_OCCUPANCY balls per bin
+_OCCUPANCY_KNOTS = np.unique(np.r_[np.arange(65), np.round(np.geomspace(64, 2**40, 400))])
+EXACT_OCCUPANCY = 32.0  # the normal limit is within 1% beyond
+
+
+def expected_max_occupancy(balls, bins: int) -> np.ndarray:
+    """E[most balls in one bin] when `balls` balls fall uniformly into `bins` bins (multinomial
+    occupancy), linear between whole counts: `balls` for up to one ball, about balls / bins +
+    sqrt(balls / bins) E[max of bins N(0, 1)] for many. Poissonized it is
+    expected_max_poisson: E over balls ~ Poisson(bins m) gives E[max of bins Poisson(m)]."""
+    s = np.maximum(np.asarray(balls, float), 0.0)
+    if bins <= 1:
+        return s
+    top = float(s.max()) if s.size else 0.0
+    knots = _OCCUPANCY_KNOTS[: int(np.searchsorted(_OCCUPANCY_KNOTS, top)) + 1]
+    values = np.array([_max_occupancy(int(k), bins) for k in knots])
+    return np.interp(s, knots, values)
+
+
+@functools.lru_cache(maxsize=4096)
+def _max_occupancy(balls: int, bins: int) -> float:
+    """Exact E[max occupancy] for whole counts: P(max <= r) = P(every one of `bins` iid
+    Poisson(t) is <= r | their sum is `balls`), t = balls / bins (any t gives the same; this one
+    keeps the numbers in range), read off the r-truncated pmf's convolution power; the normal
+    limit beyond EXACT_OCCUPANCY balls per bin."""
+    if balls <= 1:
+        return float(balls)
+    from scipy.stats import poisson
+
+    t = balls / bins
+    if t > EXACT_OCCUPANCY:  # the normal limit, as in expected_max_poisson
+        return t + np.sqrt(t) * _expected_max_normal(bins)
+    r_lo = int(np.ceil(t))
+    r_hi = min(balls, int(t + 12.0 * np.sqrt(t) + 12.0))
+    pmf = poisson.pmf(np.arange(r_hi + 1), t)
+    r = np.arange(r_lo, r_hi + 1)
+    rows = np.where(np.arange(r_hi + 1)[None, :] <= r[:, None], pmf[None, :], 0.0)
+    size = 1 << int(np.ceil(np.log2(bins * r_hi + 1)))
+    power = np.fft.irfft(np.fft.rfft(rows, size, axis=1) ** bins, size, axis=1)[:, balls]
+    at_most = np.clip(power / poisson.pmf(balls, balls), 0.0, 1.0)
+    # E[max] = sum over r >= 0 of P(max > r): 1 for every r below balls / bins
+    return float(r_lo + np.sum(1.0 - at_most))

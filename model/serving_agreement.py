@@ -278,7 +278,8 @@ PREFACE = (
     "runs arriving during it, the prompts queued behind its own (FCFS backlog) and the decode "
     "batch it joins (itself plus the others decoding, 2026-12-03: TPOT P50 at light load had "
     "been 5-10% short); E2E pairs each output length with its own requests' TTFT; on "
-    "lock-stepped ranks the slowest rank's chunk sets each step. Until "
+    "lock-stepped ranks the slowest rank's chunk sets each step, and with a threshold a decode "
+    "window sees what the busiest rank holds of the runs in it (2026-12-03). Until "
     "2026-12-02 the table compared one seed per scenario (67 entries beyond 10%); it now "
     "compares the mean of several, and tells noise from error.")
 
@@ -303,10 +304,13 @@ _REASONS = (
      "the replay of 20 recorded sessions at 32 lanes (each session replayed by more than one "
      "lane): session correlation as for agentx-sample-n16, not separated from the closed form's "
      "own error here"),
-    ("-t512-iv", "tpot",
-     "threshold mode on eight lock-stepped ranks: when runs overlap on several ranks a step "
-     "lasts as long as the largest of their chunks, but the TPOT shot law adds them, so the "
-     "tails come out long (most at cadence 8, whose pulses are 8x thinner and overlap more)"),
+    ("-t512-iv", "tpot_p50",
+     "threshold mode on eight lock-stepped ranks: a window's runs cost what the busiest rank "
+     "holds, taken at the window's mean count of chunks (since 2026-12-03; the shot law had "
+     "added them, which put the P90 / P99 up to +38% long); runs that come and go inside the "
+     "window count as if they overlapped, so median windows come out about 1 ms long (at "
+     "cadence 8 this took the P50 from +4% to +11%); a count that fluctuates inside the window "
+     "(Poisson) brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
     ("dsv4-dep8", "tpot",
      "FCFS on eight lock-stepped ranks at cadence 8: overlapping runs on several ranks, which "
      "the shot law adds where the step takes their maximum"),

@@ -46,3 +46,35 @@ def test_own_chunk_masks_the_other_ranks_below_it():
         c * expected_max_poisson(m, 8))
     # an own chunk taller than any other rank's pack masks them all: only its own rank's add
     assert _others_above(np.array([100.0]), c, m, 8)[0] == pytest.approx(c * m)
+
+
+def test_busiest_rank_of_whole_chunk_counts():
+    # E[most of s balls in one of 8 bins], counted by hand: 2 balls share a bin with
+    # probability 1/8 (1 + 1/8); 3 balls: all apart 8*7*6/512, one pair 3*8*7/512, all
+    # together 8/512 (1 * 336/512 + 2 * 168/512 + 3 * 8/512 = 696/512).
+    from model.queueing import expected_max_occupancy
+
+    got = expected_max_occupancy(np.array([0.0, 0.5, 1.0, 2.0, 3.0]), 8)
+    assert got == pytest.approx([0.0, 0.5, 1.0, 1.125, 696 / 512], rel=1e-9)
+    # Poissonization: over s ~ Poisson(8 m) it is E[max of 8 Poisson(m)] (the mean step's law)
+    from scipy.stats import poisson
+
+    s = np.arange(600)
+    for m in (0.3, 4.0, 40.0):  # 40 per bin is past the exact range (the normal limit)
+        mixed = float(np.sum(poisson.pmf(s, 8 * m) * expected_max_occupancy(s, 8)))
+        assert mixed == pytest.approx(expected_max_poisson(m, 8), rel=0.005)
+
+
+def test_lockstep_window_sees_a_lone_run_whole_and_piles_masked():
+    # The TPOT window map (model.serving_tails._lockstep_masked): Y of one chunk's worth per
+    # admitting step is one run, which no other rank masks; 3 chunks per admitting step cost
+    # the busiest rank's E[max] = 696/512 chunks (counted above), not 3.
+    from model.serving_tails import TPOT_GRID, _lockstep_masked
+
+    win, iv, c = 40.0, 8, 0.01
+    one_run, three = win / iv * c, 3 * win / iv * c
+    y = np.array([0.0, one_run, three])
+    pmf, dy = _lockstep_masked(np.array([0.2, 0.5, 0.3]), y, win, iv, c, 8, 0.0)
+    assert len(pmf) == TPOT_GRID and pmf.sum() == pytest.approx(1.0)
+    seen = np.flatnonzero(pmf) * dy
+    assert seen == pytest.approx([0.0, one_run, 696 / 512 * win / iv * c], abs=dy)

@@ -243,7 +243,8 @@ def test_e2e_pairs_each_output_length_with_its_own_ttft():
     # long output dilutes its TTFT. Against the 10 stored seeds per scenario
     # (data/calibration/serving_agreement_sims.csv): pairing each output length with its own
     # requests' TTFT law took E2E P90 from -14.5% / -13.8% (every request's TTFT law) to
-    # -9.7% / -11.0% (2026-12-03), toward the simulation.
+    # -9.7% / -11.0% (2026-12-03), toward the simulation; the busiest-rank window map of the
+    # lock-stepped TPOT law (model.serving_tails._lockstep_masked) then took the DEP row to -7.9%.
     import pandas as pd
 
     from model.serving_agreement import SIMS, compare
@@ -251,7 +252,7 @@ def test_e2e_pairs_each_output_length_with_its_own_ttft():
     sims = pd.read_csv(SIMS)
     names = ["dsv4-dep8-pop64-n32-t512-iv8", "agentx-pop64-n16-t512"]
     rel = compare(sims, names).set_index(["scenario", "metric"])["rel"]
-    assert -0.11 < rel[(names[0], "e2e_p90")] < -0.08
+    assert -0.09 < rel[(names[0], "e2e_p90")] < -0.065
     assert -0.125 < rel[(names[1], "e2e_p90")] < -0.095
 
 
