@@ -71,13 +71,18 @@ def mg1_wait_pmf(service_s, rho: float, dt: float, n: int, gaps_s=None,
         busy = rho
     else:
         z = np.sort(np.asarray(gaps_s, float))
-        grid = np.arange(n) * dt
-        surv = 1.0 - np.searchsorted(z, grid, side="right") / len(z)  # P(Z > y)
-        jobs = np.bincount(np.minimum((s / dt).astype(int), n - 1), minlength=n) / len(s)
-        # resid[x] = sum_i jobs[x + i] · surv[i] · dt  (arrival at elapsed i, remaining x)
+        # P(Z > y) at the middle of each elapsed cell [(i - 1) dt, i dt), i >= 1
+        mid = (np.arange(n) - 0.5) * dt
+        surv = np.where(mid > 0, 1.0 - np.searchsorted(z, mid, side="right") / len(z), 0.0)
+        jobs = split_bins(s / dt, None, n) / len(s)  # unbiased on a coarse grid
+        # resid[x] = sum_i jobs[x + i] · surv[i] · dt: an arrival in elapsed cell i of a job of
+        # x + i cells leaves between x and x + 1 cells, so half goes to each grid point
         corr = np.fft.irfft(np.fft.rfft(jobs, m) * np.conj(np.fft.rfft(surv, m)), m)[:n]
         resid = np.maximum(corr, 0.0) * dt
-        busy = float((arrival_rate or 0.0) * resid.sum())
+        resid = 0.5 * (resid + np.r_[0.0, resid[:-1]])
+        # the busy share X E[min(S, Z)] from the samples (the grid's sum had counted every
+        # job up to a cell long: AgentX at 48 sessions on 4,096 points, 0.28 for 0.19)
+        busy = float((arrival_rate or 0.0) * np.mean(expected_min(z, s)))
         if busy >= 1.0:
             busy = min(busy, 0.999)
     resid = resid / max(resid.sum(), 1e-300)
@@ -85,6 +90,18 @@ def mg1_wait_pmf(service_s, rho: float, dt: float, n: int, gaps_s=None,
     w_hat = (1.0 - busy) / (1.0 - busy * r_hat)
     pmf = np.maximum(np.fft.irfft(w_hat, m)[:n], 0.0)
     return pmf / max(pmf.sum(), 1e-300), busy
+
+
+def split_bins(pos: np.ndarray, weights, n: int) -> np.ndarray:
+    """Mass (weights, default 1) of points at fractional grid positions `pos`, each split
+    between its two neighbouring grid points in proportion (the mean position is kept, where
+    flooring loses half a cell on average); positions past the grid go to its last point."""
+    pos = np.clip(np.asarray(pos, float), 0.0, n - 1.0)
+    w = np.ones_like(pos) if weights is None else np.asarray(weights, float)
+    low = np.floor(pos).astype(int)
+    frac = pos - low
+    return (np.bincount(low, w * (1.0 - frac), minlength=n + 1)
+            + np.bincount(low + 1, w * frac, minlength=n + 1))[:n]
 
 
 def expected_min(sorted_s: np.ndarray, x, weights: np.ndarray | None = None,

@@ -328,13 +328,16 @@ _REASONS = (
      "tail is heavier than the closed form's instead (P(> 25 ms) 0.160), so the closed form "
      "sits between the two, and which of its terms overstates the independent case is not yet "
      "found"),
-    ("agentx-n48-indep", "ttft",
-     "the finite-source FCFS wait at 48 sessions is too likely by about a tenth: P(TTFT > t) "
-     "comes out 8-13% above the simulation's from 0.1 to 10 s (P(> 2 s) 0.101 against 0.090, "
-     "4 seeds pooled, 2026-12-03; mean TTFT 1.60 against 1.39 s), and TTFT's law is flat there "
-     "(13% of requests wait over 1 s, 10% over 2 s), so the P90 moves by 47% while the P99 "
-     "agrees (+3.5%); which term of the finite-source Pollaczek-Khinchine wait overstates the "
-     "busy share is not yet found"),
+    ("-n48", "ttft",
+     "FCFS at 48 sessions: since 2026-12-03 the wait law is grid-independent (the busy share "
+     "X E[min(S, Z)] from the samples, service lengths and residuals unbiased on the grid, "
+     "2^18 TTFT points: the old grid had floored a P50 of 3-4 cells by half a cell and had "
+     "put the busy share at 0.28 for 0.19 in the fixed point), and against agentx-n48-indep's "
+     "seed 1 its P(TTFT > t) is within 4% of the simulation's from 0.2 to 10 s; below 0.2 s it "
+     "is 6-16% too likely (0.54 against 0.49 at 70 ms), so the body of short prompts (own "
+     "prefill, a last step shared with the next queued prompt) comes out long and the P50 with "
+     "it; the P90 sits where TTFT's law is flat (P(> t) 0.13 at 1 s, 0.10 at 2 s), so the "
+     "seeds' P90s spread (CV 17.5%) and a few percent in probability move it by tens"),
 )
 
 

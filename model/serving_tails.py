@@ -22,6 +22,7 @@ from model.queueing import (
     quantiles_from_cdf,
     quantiles_from_pmf,
     shot_noise_var,
+    split_bins,
 )
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 QUANTILES = (0.5, 0.9, 0.99)
 
-TTFT_GRID = 2**15
+TTFT_GRID = 2**18
 E2E_TTFT_GROUPS = 5  # TTFT laws by output length the E2E law pairs (`_e2e_interactivity`)
 TPOT_GRID = 4096
 WINDOW_BINS = 20
@@ -48,8 +49,7 @@ def _ttft_distribution(st: _State, admit_wait: float, sel=None) -> tuple[np.ndar
         order = np.argsort(base)
         return base[order], weights[order]
     dt, wait_hat = _wait_law(st, admit_wait)
-    own = np.bincount(np.minimum((base / dt).astype(int), TTFT_GRID - 1), weights,
-                      minlength=TTFT_GRID).astype(float)
+    own = split_bins(base / dt, weights, TTFT_GRID)
     own /= own.sum()
     pmf = np.maximum(np.fft.irfft(wait_hat * np.fft.rfft(own, 2 * TTFT_GRID),
                                   2 * TTFT_GRID)[:TTFT_GRID], 0.0)
