@@ -326,8 +326,9 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         # right, every run shrunk alike) put the tails long (DSV4 DEP8 at cadence 8, 32
         # sessions: TPOT P99 +38% against the simulator).
         heights = st.ext / k
+        # the chunk extension a unit of extension belongs to (size-biased: tall chunks dominate)
         chunk = st.ext / np.maximum(st.k, 1.0)
-        masking = (float(np.sum(st.ext * chunk) / max(float(st.ext.sum()), 1e-300)), st.lock[2])
+        masking = (float(np.sum(st.ext * chunk) / max(float(st.ext.sum()), 1e-300)), eng.dp)
     out = []
     for win, weight, vb in zip(reps, weights, var_b, strict=True):
         mean_y = lam * win * float((heights * k).mean())
