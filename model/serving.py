@@ -272,6 +272,20 @@ class _Engine:
         return np.interp(room, grid, e)
 
 
+    def merged_tail_extension(self, room: np.ndarray, b: float) -> np.ndarray:
+        """Per prompt, the next prompt's mean extension in a predecessor's last step that this
+        (one-chunk) prompt shares: E[next_chunk_extension(room - u) | room >= u] over the
+        rooms (on a grid of u, interpolated)."""
+        rooms = np.sort(room)[np.linspace(0, len(room) - 1, min(len(room), 256)).astype(int)]
+        top = max(float(rooms[-1]), 1.0)
+        u_grid = np.r_[0.0, np.geomspace(1.0, top, 40)]
+        left = rooms[None, :] - u_grid[:, None]
+        fits = left >= 0
+        e = self.next_chunk_extension(np.maximum(left, 0.0).ravel(), b).reshape(left.shape)
+        mean = (e * fits).sum(axis=1) / np.maximum(fits.sum(axis=1), 1)
+        return np.interp(self.mix.u, u_grid, mean)
+
+
 _TABLES: dict = {}
 
 
@@ -372,6 +386,13 @@ class _State:
     # and what that adds to this prompt's TTFT
     tail_q: np.ndarray | None = None
     tail_ext: np.ndarray | None = None
+    tail_free: np.ndarray | None = None  # exp(-x tau): no arrival during the own earlier steps
+    # FCFS: a prompt that arrived before its predecessor's last step began (waited longer than
+    # that step, `last_step` over the mix) starts in it, which saves it a decode step with
+    # probability `merge` (the step's room holds its last partial chunk)
+    merge: np.ndarray | None = None
+    last_step: np.ndarray | None = None
+    tail_ext_late: np.ndarray | None = None  # tail_ext of a prompt that merged
     # FCFS: another rank mid-run or not at arrival (_run_mixture); `extra` is their mean
     run_offsets: np.ndarray | None = None
     run_weights: np.ndarray | None = None
@@ -519,7 +540,8 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
             lt_wait = float(np.sum(pmf * np.exp(-x * grid_dt * np.arange(len(pmf)))))
         else:
             lt_wait = (1.0 - rho_p) / max(float(np.mean(np.exp(-x * service))), 1e-300)
-        tail_q = np.clip(1.0 - min(lt_wait, 1.0) * np.exp(-x * tau), 0.0, 1.0)
+        tail_free = np.exp(-x * tau)
+        tail_q = np.clip(1.0 - min(lt_wait, 1.0) * tail_free, 0.0, 1.0)
         tail_ext = eng.next_chunk_extension(room, b)
     else:
         rho_tok = x * float(mix.u.mean()) * tbar / max(c_free, 1.0)
@@ -548,9 +570,22 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
     if shots is not None:
         st.lock = lock
     if np.isinf(cap):
-        st.tail_q, st.tail_ext = tail_q, tail_ext
+        st.tail_q, st.tail_ext, st.tail_free = tail_q, tail_ext, tail_free
+        st.merge = _merge_probability(room, np.where(eng.last_rem > 0, eng.last_rem, rate))
+        st.last_step = td + np.where(eng.last_rem > 0, eng.last_ext_rem,
+                                     ext / np.maximum(k, 1.0))
+        # a one-chunk prompt that merged leaves its predecessor's room less its own tokens to
+        # the next prompt (two 4,000-token prompts fill an 8K step: the third waits)
+        st.tail_ext_late = np.where(k <= 1, eng.merged_tail_extension(room, b), tail_ext)
         st.run_offsets, st.run_weights = run_offsets, run_weights
     return st
+
+
+def _merge_probability(room: np.ndarray, last_chunk: np.ndarray) -> np.ndarray:
+    """Per prompt, P(room >= its last chunk) over the mix's rooms (what the predecessor's last
+    step leaves): then the chunks shift by the room and the prompt needs one step fewer."""
+    rooms = np.sort(room)
+    return 1.0 - np.searchsorted(rooms, last_chunk, side="left") / len(rooms)
 
 
 RUN_HEIGHTS, RUN_PHASES = 16, 8  # mixture resolution: chunk heights x arrival phases
@@ -581,7 +616,10 @@ def _run_mixture(x, td, span, ext, k, interval, dp, busy):
     quiet_w = np.full(RUN_PHASES, (1.0 - q) * busy / RUN_PHASES)
     offsets = np.r_[0.0, quiet, in_run]
     weights = np.r_[(1.0 - q) * (1.0 - busy), quiet_w, in_w]
-    return offsets, weights / weights.sum(), q * float(np.sum(hw * heights))
+    keep = weights > 0  # one rank (q = 0): the in-run points carry nothing; the TTFT law's
+    # histograms run over requests x offsets
+    return (offsets[keep], weights[keep] / weights.sum(),
+            q * float(np.sum(hw * heights)))
 
 
 def _mean_step(x, mean_k, mean_e, td, interval, dp, fcfs,

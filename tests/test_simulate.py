@@ -50,8 +50,10 @@ def test_threshold_chunks_a_prompt_into_threshold_sized_steps():
 
 def test_md1_prefill_queue_agrees_within_10_percent():
     # 4000-token prompts, 2 output tokens, Poisson 2/s: an M/D/1 queue of one-step prefills.
-    # Measured: TTFT p50 +0.3%, p90 +0.1%, p99 -3.9% (closed form vs 4000 s simulated; -5% at
-    # p90 before two 4000-token prompts could share one step, model.serving tail_q).
+    # Measured: TTFT p50 +0.1%, p90 -3.3%, p99 -3.4% (closed form vs 4000 s simulated; -5% at
+    # p90 before two 4000-token prompts could share one step, model.serving tail_q; 2026-12-03,
+    # with the shared step drawn with the own wait: -8% / +8% until a prompt that waited past
+    # its predecessor's last step merged into it, -12% / -10% while it merged without waiting).
     d = yaml.safe_load((WORKLOADS_DIR / "fixed-8k1k.yaml").read_text())
     d["input_tokens"]["dist"]["value"] = 4000
     d["output_tokens"]["dist"]["value"] = 2
@@ -121,19 +123,23 @@ def test_fixed_lengths_closed_loop_with_think_time_agrees_within_10_percent(scen
 
 
 def test_mooncake_conversation_open_loop_agreement():
-    # Mooncake conversation lengths (37% prefix hit), Poisson 1 req/s, threshold off. Measured
-    # (2026-12-02, seed 1): TTFT p50 +8.7%, p90 +9.4%, p99 +13.7%; TPOT p50 +4.9%, p90 -5.3%,
-    # p99 +10.4% (seeds 2 and 3: -4.6%, -2.6%). The TPOT tail holds since a decode window opens
-    # on the prompts queued behind its own (FCFS backlog); without that term it was p90 -14.9%,
-    # p99 -52%.
+    # Mooncake conversation lengths (37% prefix hit), Poisson 1 req/s, threshold off, against
+    # the mean of four 1500 s simulations (one seed's TTFT P90 spans -8% to +11% of the closed
+    # form). Measured 2026-12-03: TTFT p50 -0.9%, p90 +2.3%, p99 +1.0%; TPOT p50 +3.5%,
+    # p90 -8.6%, p99 +3.4%; TPGS -1.8%. The TPOT tail holds since a decode window opens on the
+    # prompts queued behind its own (FCFS backlog); without that term it was p90 -14.9%,
+    # p99 -52% (seed 1).
     w = load_workload("mooncake-conversation")
     pol = EnginePolicy(8192, 256, 0)
-    sim = simulate(SM, w, pol, OpenLoop(1.0), duration_s=1500, seed=1).summary()
+    sims = [simulate(SM, w, pol, OpenLoop(1.0), duration_s=1500, seed=s).summary()
+            for s in (1, 2, 3, 4)]
+    sim = {m: {k: np.mean([r[m][k] for r in sims]) for k in ("p50", "p90", "p99")}
+           for m in ("ttft_s", "tpot_s")}
     cf = serve(SM, w, pol, OpenLoop(1.0))
     ttft, tpot = _rel(cf.ttft_s, sim["ttft_s"]), _rel(cf.tpot_s, sim["tpot_s"])
-    assert abs(ttft["p50"]) < 0.10 and abs(ttft["p90"]) < 0.10 and abs(ttft["p99"]) < 0.20
-    assert abs(tpot["p50"]) < 0.06 and abs(tpot["p90"]) < 0.10 and abs(tpot["p99"]) < 0.15
-    assert cf.tpgs == pytest.approx(sim["tpgs"], rel=0.05)
+    assert all(abs(v) < 0.10 for v in ttft.values()), ttft
+    assert abs(tpot["p50"]) < 0.06 and abs(tpot["p90"]) < 0.10 and abs(tpot["p99"]) < 0.10
+    assert cf.tpgs == pytest.approx(np.mean([r["tpgs"] for r in sims]), rel=0.05)
 
 
 def test_prefill_schedule_interval_keeps_prefill_off_the_steps_between():
@@ -236,6 +242,25 @@ def test_e2e_normalized_interactivity_agrees_on_agentx_sessions():
     for name in ("agentx-pop64-n48", "agentx-pop64-n48-t512"):
         d = agreement(name)
         assert abs(d["e2e_p90"]) < 0.10, (name, d)
+
+
+def test_fcfs_ttft_body_draws_the_shared_last_step_with_the_own_wait():
+    # FCFS at 48 AgentX sessions: a prompt's last step is shared with the next queued prompt
+    # when someone arrived during its own wait W (probability 1 - exp(-x (W + tau))), not with
+    # the mean probability for every W, and a prompt that waited past its predecessor's last
+    # step starts in it. Against the 10 stored seeds per scenario
+    # (data/calibration/serving_agreement_sims.csv, 2026-12-03): TTFT P50 -6.7% / -7.6% / +1.6%
+    # (before: +23.6% / +18.8% / +24.2%, 11% of the prompts that never waited got a next
+    # prompt's ~90 ms chunk).
+    import pandas as pd
+
+    from model.serving_agreement import SIMS, compare
+
+    sims = pd.read_csv(SIMS)
+    names = ["agentx-pop16-n48", "agentx-pop64-n48", "agentx-n48-indep"]
+    rel = compare(sims, names).set_index(["scenario", "metric"])["rel"]
+    for name in names:
+        assert abs(rel[(name, "ttft_p50")]) < 0.10, (name, rel[(name, "ttft_p50")])
 
 
 def test_e2e_pairs_each_output_length_with_its_own_ttft():
