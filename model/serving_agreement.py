@@ -284,10 +284,21 @@ PREFACE = (
     "compares the mean of several, and tells noise from error.")
 
 # why an entry parts: (scenario substring, metric prefix, reason); first match wins
+_REPLAY_THRESHOLD_TAIL = (
+     "threshold mode, the replay of 20 recorded sessions: since 2026-12-03 the runs that start "
+     "during a prompt's own steps come at the wall-clock rate over those longer steps "
+     "((tbar + h_own) / tbar per mean step; fixed 8K with 10 s think went from P50 -12.9% to "
+     "-4.0%, the AgentX population rows' P99 to within 7%), while a replaying lane's long "
+     "prompts follow one another in its session and never overlap themselves, so fewer of the "
+     "long prompts' windows meet other runs than independent draws would (agentx-n16-t512-indep, "
+     "turns drawn independently: +6.1%)")
+
 _REASONS = (
     ("-indep", "e2e",
      "E2E = TTFT + the output's decode time, so it carries this row's own TTFT (agentx-n48) or "
      "TPOT (agentx-n48-t512) tail, which parts here too"),
+    *((name, "ttft_p99", _REPLAY_THRESHOLD_TAIL)
+      for name in ("agentx-sample-n16-t512", "agentx-sample-n32-t512")),
     ("agentx-sample-n16", "e2e",
      "E2E = TTFT + the output's decode time, so it carries this replay's own TTFT tail (P90 "
      "+37%: session correlation, see its ttft entries), which makes the E2E rate slow"),
@@ -322,9 +333,6 @@ _REASONS = (
      "session correlation: a lane in a long-context session sends its long prefills one after "
      "another and never overlaps itself, so fewer windows meet them than independent turns "
      "would (the `-indep` row agrees)"),
-    ("fixed-8k1k-think10-n32-t512", "ttft",
-     "threshold mode on one rank: the closed form counts the other runs as self-excited "
-     "(negative binomial), which a closed loop with long think time leaves out"),
     ("agentx-n48-t512-indep", "tpot",
      "the shot law's P(TPOT > t) is 12-20% above this independent-turn simulation's from 12 "
      "to 30 ms (P(> 25 ms) 0.118 against 0.099, 4 seeds pooled, 2026-12-03), where TPOT's law "
@@ -335,13 +343,16 @@ _REASONS = (
     ("-n48", "ttft",
      "FCFS at 48 sessions, the finite-source wait: pooled over 10 seeds the simulation's "
      "P(TTFT > t) is 9-16% below the closed form's from 0.2 to 10 s (0.089 against 0.101 at 1 s "
-     "for prompts under 1,024 tokens, whose TTFT is their wait; 2026-12-03) while the prefill "
-     "server's busy share agrees (0.236 against 0.241), so the thinned Pollaczek-Khinchine law "
-     "overstates how often an arrival waits; the P90 sits where TTFT's law is flat (P(> t) 0.13 "
-     "at 1 s, 0.10 at 2 s), so 1.5 points of probability move it by half and the seeds' P90s "
-     "spread (CV 17.5%); the open loop at the same rate agrees within 4% from 0.5 to 2 s "
-     "(2026-12-03, 6 seeds); the body agrees since the shared last step is drawn with the own "
-     "wait (P50 +24% before, +2% after)"),
+     "for prompts under 1,024 tokens, whose TTFT is their wait; 2026-12-03). In the engine "
+     "simulation arrivals find the prefill server busy 16-18% of the time (3 seeds) against a "
+     "busy time share of 21-26%; the thinned Pollaczek-Khinchine law takes 0.192 for 0.241, "
+     "and a plain finite-source FCFS queue fed the closed form's own service, gap and decode "
+     "samples 0.206 (its waits 8% above the law's): the engine thins arrivals during long "
+     "prefills further (decodes slowed by the chunks finish later), which the law leaves out. "
+     "The open loop at the same rate agrees within 4% from 0.5 to 2 s (6 seeds). The P90 sits "
+     "where TTFT's law is flat (P(> t) 0.13 at 1 s, 0.10 at 2 s), so 1.5 points of probability "
+     "move it by half and the seeds' P90s spread (CV 17.5%); the body agrees since the shared "
+     "last step is drawn with the own wait (P50 +24% before, +2% after)"),
 )
 
 

@@ -153,10 +153,10 @@ def _ttft_shared(st: _State, shift: float, sel=None) -> tuple[np.ndarray, np.nda
     lengthens every step it shares, so new runs start at lam (td + h_own) / td during it (mean
     field). On fixed 8K prompts at threshold 512 these took P90 / P99 from -19% / -26% of the
     simulation to -3% / +1%. A closed loop thins (1) and (2) by E[min(gap, D)] / D over each
-    run's span D and leaves (3) out: the simulator shows it for short prompts against long
-    think times (fixed 8K, 10 s think: P99 -18% without it), not for AgentX's long prompts
-    against short tool gaps (replayed sample: P99 +26% / +34% with it), where the idle pool
-    that could arrive is small."""
+    run's span D and keeps of (3) only the wall clock: new runs start at lam (tbar + h_own) /
+    tbar per own step, without the excitation (the full term put AgentX's replayed sample at
+    P99 +26% / +34%, where the idle pool that could arrive is small; none put fixed 8K with
+    10 s think at P50 -13%, P99 -18%; 2026-12-03: -4.0% / +1.2%)."""
     keep = None
     if sel is not None:  # the TTFT law of these requests: their own-window bins' laws, mixed
         keep = np.zeros(len(st.shots[4]), bool)
@@ -195,8 +195,10 @@ def _shared_bins(st: _State, shift: float) -> list:
         sel = which == b
         win = float(np.median(steps_own[sel]))
         # open loop: new runs start at lam (td + h_own) / td while this prompt is in flight; a
-        # closed loop's idle pool is finite and not left excited (see the docstring)
-        mult = 1.0 + st.excite * float(h_own[sel].mean()) / st.td if st.gaps is None else 1.0
+        # closed loop's idle pool is finite and not left excited, but arrives in wall time over
+        # the own steps, h_own longer than the mean step (see the docstring)
+        mult = 1.0 + (st.excite * float(h_own[sel].mean()) / st.td if st.gaps is None
+                      else float(h_own[sel].mean()) / st.tbar)
         y_max = lam * mult * win * float((heights * k).mean()) * 6.0 + \
             float((heights * np.minimum(k, win)).max()) * 2.0
         dt = (float(own[sel].max()) + shift + y_max) / n
