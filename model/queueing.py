@@ -67,7 +67,10 @@ def mg1_wait_pmf(service_s, rho: float, dt: float, n: int, gaps_s=None,
     m = 2 * n  # zero padding keeps the circular sums from wrapping
     if gaps_s is None:
         edges = np.arange(n + 1) * dt
+        # the residual's mass in cell [i dt, (i + 1) dt), half to each end (as the finite
+        # source's below: at the left point the wait came out half a cell short)
         resid = np.diff(expected_min(s, edges)) / s.mean()
+        resid = 0.5 * (resid + np.r_[0.0, resid[:-1]])
         busy = rho
     else:
         z = np.sort(np.asarray(gaps_s, float))

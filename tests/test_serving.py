@@ -30,6 +30,15 @@ def test_mg1_transform_gives_distserve_md1_ttft_t18():
     assert 1.0 + float(np.sum(pmf * np.arange(n) * dt)) == pytest.approx(1.5, rel=0.01)
 
 
+def test_mg1_wait_mean_holds_on_a_coarse_grid():
+    # theory T18's M/D/1 (D = 1 s, R = 0.5/s): P-K mean wait R D^2 / (2 (1 - R D)) = 0.5 s. On
+    # 128 points over 20 s (a residual of 6.4 cells) the residual's cell mass sits half at each
+    # end: 0.503 s (at the left end it was 0.425 s, 2026-12-03).
+    n, dt = 2**7, 20.0 / 2**7
+    pmf, _ = mg1_wait_pmf(np.ones(100), 0.5, dt, n)
+    assert float(np.sum(pmf * np.arange(n) * dt)) == pytest.approx(0.5, rel=0.01)
+
+
 def test_mg1_transform_matches_mm1_tail():
     # M/M/1 with mu = 1, rho = 0.7: P(W > t) = rho exp(-(1 - rho) t)
     s = np.random.default_rng(0).exponential(1.0, 200_000)
