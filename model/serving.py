@@ -271,7 +271,6 @@ class _Engine:
         e = np.where(p.ravel() > 0, e, 0.0).reshape(p.shape).mean(axis=1)
         return np.interp(room, grid, e)
 
-
     def merged_tail_extension(self, room: np.ndarray, b: float) -> np.ndarray:
         """Per prompt, the next prompt's mean extension in a predecessor's last step that this
         (one-chunk) prompt shares: E[next_chunk_extension(room - u) | room >= u] over the

@@ -285,13 +285,13 @@ PREFACE = (
 
 # why an entry parts: (scenario substring, metric prefix, reason); first match wins
 _REPLAY_THRESHOLD_TAIL = (
-     "threshold mode, the replay of 20 recorded sessions: since 2026-12-03 the runs that start "
-     "during a prompt's own steps come at the wall-clock rate over those longer steps "
-     "((tbar + h_own) / tbar per mean step; fixed 8K with 10 s think went from P50 -12.9% to "
-     "-4.0%, the AgentX population rows' P99 to within 7%), while a replaying lane's long "
-     "prompts follow one another in its session and never overlap themselves, so fewer of the "
-     "long prompts' windows meet other runs than independent draws would (agentx-n16-t512-indep, "
-     "turns drawn independently: +6.1%)")
+    "threshold mode, the replay of 20 recorded sessions: since 2026-12-03 the runs that start "
+    "during a prompt's own steps come at the wall-clock rate over those longer steps "
+    "((tbar + h_own) / tbar per mean step; fixed 8K with 10 s think went from P50 -12.9% to "
+    "-4.0%, the AgentX population rows' P99 to within 7%), while a replaying lane's long "
+    "prompts follow one another in its session and never overlap themselves, so fewer of the "
+    "long prompts' windows meet other runs than independent draws would (agentx-n16-t512-indep, "
+    "turns drawn independently: +6.1%)")
 
 _REASONS = (
     ("-indep", "e2e",
