@@ -48,6 +48,25 @@ def test_threshold_chunks_a_prompt_into_threshold_sized_steps():
     assert r.ttft_s[0] == pytest.approx(sum(steps), rel=1e-9)
 
 
+@pytest.mark.parametrize("out, measured_tpot, unfinished", [(200, 1, 0), (1000, 0, 1)])
+def test_requests_arriving_before_the_end_are_drained(out, measured_tpot, unfinished):
+    # a request arriving 1 s before duration_s: its first token comes inside the run, its
+    # decode ends after duration_s. The drain (up to 1.25 x duration_s) finishes the 200-token
+    # output (~2.4 s of decode) with the step model's exact TPOT, a + c + d*ctx averaged over
+    # ctx 1025..1223; the 1000-token one (~12 s) stays unfinished, its TTFT still measured
+    ta = TraceArrivals(np.array([9.0]), np.array([1024.0]), np.array([1024.0]),
+                       np.array([float(out)]))
+    r = simulate(SM, None, EnginePolicy(), ta, duration_s=10.0, warmup_s=0.0)
+    assert r.ttft_s[0] == pytest.approx(0.012 + 3e-5 * 1024 + 2e-10 * 1024 * 1024, rel=1e-9)
+    assert (len(r.tpot_s), r.completed, r.unfinished) == (measured_tpot, measured_tpot, unfinished)
+    if measured_tpot:
+        decode = [0.012 + 1e-4 + 1.5e-9 * (1024 + g) for g in range(1, out)]
+        assert r.tpot_s[0] == pytest.approx(np.mean(decode), rel=1e-5)
+    # step samples: the prefill and the decode steps that start before duration_s
+    # ((10 - 9 - 0.0429) / 0.0121 -> 80 of them)
+    assert len(r.step_s) == 81
+
+
 def test_md1_prefill_queue_agrees_within_10_percent():
     # 4000-token prompts, 2 output tokens, Poisson 2/s: an M/D/1 queue of one-step prefills.
     # Measured: TTFT p50 +0.1%, p90 -3.3%, p99 -3.4% (closed form vs 4000 s simulated; -5% at
