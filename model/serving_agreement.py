@@ -268,7 +268,8 @@ PREFACE = (
     "their TTFT tails and TPGS noisy (see the CV table), and a simulated lane stuck in a "
     "long-context session keeps sending long contexts, which the closed form's independent "
     "request mix does not; `-indep` rows make the simulator draw turns independently too (a "
-    "shuffled mix, 4x the simulated time). `pop16` / `pop64` and `dsv4-dep8` rows share one "
+    "shuffled mix drawn as the closed form's, from ~20,000 sessions since 2026-12-04; 4x the "
+    "simulated time). `pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
     "closed form models (model.serving, model.serving_tails, model.lockstep): the FCFS prefill "
@@ -291,12 +292,9 @@ _REPLAY_THRESHOLD_TAIL = (
     "-4.0%, the AgentX population rows' P99 to within 7%), while a replaying lane's long "
     "prompts follow one another in its session and never overlap themselves, so fewer of the "
     "long prompts' windows meet other runs than independent draws would (agentx-n16-t512-indep, "
-    "turns drawn independently: +6.1%)")
+    "turns drawn independently: +11.4%, within its noise)")
 
 _REASONS = (
-    ("-indep", "e2e",
-     "E2E = TTFT + the output's decode time, so it carries this row's own TTFT (agentx-n48) or "
-     "TPOT (agentx-n48-t512) tail, which parts here too"),
     *((name, "ttft_p99", _REPLAY_THRESHOLD_TAIL)
       for name in ("agentx-sample-n16-t512", "agentx-sample-n32-t512")),
     ("agentx-sample-n16", "e2e",
@@ -345,28 +343,22 @@ _REASONS = (
      "session correlation: a lane in a long-context session sends its long prefills one after "
      "another and never overlaps itself, so fewer windows meet them than independent turns "
      "would (the `-indep` row agrees)"),
-    ("agentx-n48-t512-indep", "tpot",
-     "the shot law's P(TPOT > t) is 12-20% above this independent-turn simulation's from 12 "
-     "to 30 ms (P(> 25 ms) 0.118 against 0.099, 4 seeds pooled, 2026-12-03), where TPOT's law "
-     "is flat, so the P90 moves by a quarter; with sessions (agentx-n48-t512) the simulated "
-     "tail is heavier than the closed form's instead (P(> 25 ms) 0.160), so the closed form "
-     "sits between the two, and which of its terms overstates the independent case is not yet "
-     "found"),
     ("-n48", "ttft",
-     "FCFS at 48 sessions, mostly the request sample: fed the requests each simulation issued "
-     "(6 seeds, drained runs, 2026-12-04), the closed form's TTFT P90 is +10.5% of the "
-     "simulated mean (P50 +0.0%, P99 +6.1%, mean +2.9%) and follows it seed by seed (1.36 s "
-     "against 1.20 s on seed 3, 2.21 against 2.04 on seed 1), where with its own mix (20,000 "
-     "requests from 16x the sessions) it is +46%: a run of 8000 s issues ~7,500 turns, which "
-     "hold fewer of the heavy-tailed cold prompts that set the wait (the P90 sits where TTFT's "
-     "law is flat, P(> t) 0.13 at 1 s and 0.10 at 2 s, so a point of probability moves it by a "
-     "third; the closed form's own P90 moves too, 1.38-2.31 s over mix seeds 0-5). The rest, "
-     "the 10% on the issued requests, is the engine: plain finite-source FCFS queues fed the "
-     "closed form's own samples agree with its wait law within 3-5% from 0.1 to 10 s when "
-     "decodes stop while a prefill runs (as the chunks make them), and the engine simulation "
-     "waits less than those queues with matching per-token service (10-15%, measured before "
-     "the drain on 2026-12-03), by an effect not yet found. The body agrees "
-     "since the shared last step is drawn with the own wait (P50 +24% before, +2% after)"),
+     "FCFS at 48 independent turns; the heavy-tailed cold prompts (up to 850K tokens) set the "
+     "wait at P90, where TTFT's law is flat (P(> t) 0.13 at 1 s, 0.10 at 2 s: a point of "
+     "probability moves it by a third). Part is the request sample: the closed form's own P90 "
+     "spans 1.41-2.08 s over mix seeds 0-2 at its 20,000 requests and 1.94-2.05 s at 320,000, "
+     "and a run issues ~7,500 turns; until 2026-12-04 the simulator drew them from 50,000 "
+     "requests of only ~1,250 sessions, which held too few cold prompts (+46%; 10x longer "
+     "runs left its P90 at 1.43 s, so not the run length). Most of the rest is the engine: fed "
+     "the requests each simulation issued (6 seeds, 2026-12-04), the closed form's P90 is "
+     "+19.7% of the simulated mean (P50 +0.6%, P99 +19.5%, mean +18.7%; 3.13 s against 2.03 s "
+     "on the seed with the heaviest sample), while plain finite-source FCFS queues fed its own "
+     "samples agree with its wait law within 3-5% from 0.1 to 10 s when decodes stop while a "
+     "prefill runs (as the chunks make them): the engine waits less than such a queue with "
+     "matching per-token service, the more so the heavier the sample, by an effect not yet "
+     "found. The body agrees since the shared last step is drawn with the own wait (P50 +24% "
+     "before, +2% after)"),
 )
 
 
