@@ -362,3 +362,13 @@ def test_agreement_reports_the_closed_forms_own_mix_seed_spread():
     row = compare(pd.read_csv(SIMS), [name], cf_seeds=3).set_index("metric").loc["ttft_p90"]
     assert row.closed_form == pytest.approx(2.080, abs=0.002)
     assert row.cf_cv == pytest.approx(0.166, abs=0.003)
+
+
+def test_a_run_cut_short_by_max_steps_is_an_error():
+    # 100 Poisson requests/s of 8K prompts need thousands of steps per simulated minute: a cap
+    # of 50 steps ends the run long before duration_s, which must not pass for a shorter window
+    from model.errors import ServecastError
+
+    w = load_workload(str(WORKLOADS_DIR / "fixed-8k1k.yaml"))
+    with pytest.raises(ServecastError, match="max_steps: 50 steps reached"):
+        simulate(SM, w, EnginePolicy(), OpenLoop(100.0), duration_s=60.0, max_steps=50)
