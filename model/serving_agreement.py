@@ -332,17 +332,18 @@ _REASONS = (
      "cadence 8 this took the P50 from +4% to +11%); a count that fluctuates inside the window "
      "(Poisson) brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
     ("dsv4-dep8-pop64-n128-t0-iv8", "tpot_p50",
-     "FCFS on eight lock-stepped ranks at cadence 8, 128 sessions: the simulated TPOT law is "
-     "wider at the bottom (3 seeds pooled, 2026-12-04: 17% of requests decode below 15 ms per "
-     "token, the closed form puts 5% there, and 44% against 52% below 25 ms) and lighter at "
-     "the top (P(> 55 ms) 3% against 7%, the P99 entry). The step process is burstier than "
-     "the closed form's steady floor of packed short prompts under every admitting step plus "
-     "Poisson runs: 10% of the simulation's 40-step stretches average 29 ms, the bare decode "
-     "step, though only 3% of them hold no prefill at all, while the share of admitting "
-     "slots with a prefill matches (72% simulated, 68-83% in the closed form). What empties "
-     "those stretches (sessions held up together by a long run on any rank, then arriving "
-     "together?) is not yet found; before the simulator drained its measured requests this "
-     "was -13.7%, within the noise"),
+     "FCFS on eight lock-stepped ranks at cadence 8, 128 sessions: the P50 sits where the "
+     "simulated TPOT law is flat (3 seeds pooled, 2026-12-04: 44% of requests below 25 ms per "
+     "token, 53% below 30 ms), so the closed form's 52% below 25 ms, 8 points of probability, "
+     "moves it by 14%; its law is narrower at the bottom (17% of simulated requests below 15 "
+     "ms, 5% in the closed form) and heavier at the top (the P99 entry). The simulated step "
+     "process is burstier than the closed form's steady floor of packed short prompts under "
+     "every admitting step plus Poisson runs: 10% of its 40-step stretches average 29 ms, the "
+     "bare decode step, though only 3% of them hold no prefill at all, while the share of "
+     "admitting slots with a prefill matches (72% simulated, 68-83% in the closed form). Not "
+     "session correlation: with turns drawn independently (3 seeds) the P50 is -12.3% and the "
+     "P99 +22.7% as well. What empties those stretches is not yet found; before the simulator "
+     "drained its measured requests this was -13.7%, within the noise"),
     ("dsv4-dep8", "tpot",
      "FCFS on eight lock-stepped ranks at cadence 8: overlapping runs on several ranks, which "
      "the shot law adds where the step takes their maximum"),
