@@ -139,7 +139,7 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     if duration_s <= 0:
         raise ServecastError(f"simulate: duration_s: must be > 0, got {duration_s}")
     warmup_s = 0.2 * duration_s if warmup_s is None else warmup_s
-    stop_s = duration_s + 0.25 * duration_s  # the drain's limit (an unstable queue never drains)
+    stop_s = 1.25 * duration_s  # the drain's limit (an unstable queue never drains)
     rng = np.random.default_rng(seed)
     budget_total = policy.max_num_batched_tokens
     cap = policy.chunk_cap

@@ -369,6 +369,6 @@ def test_a_run_cut_short_by_max_steps_is_an_error():
     # of 50 steps ends the run long before duration_s, which must not pass for a shorter window
     from model.errors import ServecastError
 
-    w = load_workload(str(WORKLOADS_DIR / "fixed-8k1k.yaml"))
+    w = load_workload("fixed-8k1k")
     with pytest.raises(ServecastError, match="max_steps: 50 steps reached"):
         simulate(SM, w, EnginePolicy(), OpenLoop(100.0), duration_s=60.0, max_steps=50)
