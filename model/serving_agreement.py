@@ -356,17 +356,20 @@ _REASONS = (
      "wait at P90, where TTFT's law is flat (P(> t) 0.13 at 1 s, 0.10 at 2 s: a point of "
      "probability moves it by a third). Part is the request sample: the closed form's own P90 "
      "spans 1.41-2.08 s over mix seeds 0-2 at its 20,000 requests and 1.94-2.05 s at 320,000, "
-     "and a run issues ~7,500 turns; until 2026-12-04 the simulator drew them from 50,000 "
-     "requests of only ~1,250 sessions, which held too few cold prompts (+46%; 10x longer "
-     "runs left its P90 at 1.43 s, so not the run length). Most of the rest is the engine: fed "
-     "the requests each simulation issued (6 seeds, 2026-12-04), the closed form's P90 is "
-     "+19.7% of the simulated mean (P50 +0.6%, P99 +19.5%, mean +18.7%; 3.13 s against 2.03 s "
-     "on the seed with the heaviest sample), while plain finite-source FCFS queues fed its own "
-     "samples agree with its wait law within 3-5% from 0.1 to 10 s when decodes stop while a "
-     "prefill runs (as the chunks make them): the engine waits less than such a queue with "
-     "matching per-token service, the more so the heavier the sample, by an effect not yet "
-     "found. The body agrees since the shared last step is drawn with the own wait (P50 +24% "
-     "before, +2% after)"),
+     "and a run issues ~7,500 turns. The rest is the finite-source wait law (6 seeds, "
+     "2026-12-04): fed the requests each run issued, the closed form's P90 is +14% of the "
+     "run's (P99 +15%, mean wait +19%, P50 0%). The engine itself is a FCFS server: a Lindley "
+     "recursion on its arrival times with the closed form's service per prompt (k decode "
+     "steps plus its chunks' extensions) gives its TTFT P90 within 2%. What the law misses is "
+     "that a prefill chunk makes every decode step long, so decodes all but stop while the "
+     "prefill queue is busy and the sessions they hold cannot come back before it empties: "
+     "plain finite-source FCFS queues fed each run's requests (280,000 per seed) wait like "
+     "the engine when decodes stop while the server is busy (P90 +4%, mean +11%), 49% longer "
+     "at P90 when decodes run on, and the law sits between (+11% over the first at mean, P90 "
+     "and P99): it thins a job's arrivals by the thinking sessions' depletion since that job "
+     "began, where stopped decodes make the depletion run from the start of the busy period "
+     "(the likely gap; not yet modelled). The body agrees since the shared last step is drawn "
+     "with the own wait (P50 +24% before, +2% after)"),
 )
 
 
