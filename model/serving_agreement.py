@@ -366,10 +366,15 @@ _REASONS = (
      "plain finite-source FCFS queues fed each run's requests (280,000 per seed) wait like "
      "the engine when decodes stop while the server is busy (P90 +4%, mean +11%), 49% longer "
      "at P90 when decodes run on, and the law sits between (+11% over the first at mean, P90 "
-     "and P99): it thins a job's arrivals by the thinking sessions' depletion since that job "
-     "began, where stopped decodes make the depletion run from the start of the busy period "
-     "(the likely gap; not yet modelled). The body agrees since the shared last step is drawn "
-     "with the own wait (P50 +24% before, +2% after)"),
+     "and P99). It counts the arrivals during long prefills right (the engine's are 0.975 of "
+     "its count) but thins them by the thinking sessions' depletion since each job began; "
+     "thinned since the busy period began instead, with the virtual work stepped through "
+     "the busy period (tried 2026-12-04: it reproduces stopped-decode queues within 1-3% on "
+     "exponential and lognormal services), the excess halves (P90 +6%, mean wait +5%) but "
+     "the law needs 0.1 s time steps over the 400 s a long busy period lasts, ~2 s where the "
+     "closed form takes 0.6 s in all, and moves this row's P90 only ~4%: not adopted. The "
+     "body agrees since the shared last step is drawn with the own wait (P50 +24% before, +2% "
+     "after)"),
 )
 
 
