@@ -342,7 +342,12 @@ _REASONS = (
      "bare decode step, though only 3% of them hold no prefill at all, while the share of "
      "admitting slots with a prefill matches (72% simulated, 68-83% in the closed form). Not "
      "session correlation: with turns drawn independently (3 seeds) the P50 is -12.3% and the "
-     "P99 +22.7% as well. What empties those stretches is not yet found; before the simulator "
+     "P99 +22.7% as well. Arrivals summed over the ranks are overdispersed where the closed "
+     "form draws independent Poisson runs per rank (variance / mean of 20 s counts 2.5-2.9 "
+     "over 3 seeds, 2026-12-04; 1.2 per rank): they follow the completions (correlation 0.7), "
+     "which the lock-stepped decodes hold back and release on every rank at once; but "
+     "n128-t0-iv1 is more overdispersed (6.3) and agrees at P50, so that alone does not "
+     "explain it. What empties those stretches is not yet found; before the simulator "
      "drained its measured requests this was -13.7%, within the noise"),
     ("dsv4-dep8", "tpot",
      "FCFS on eight lock-stepped ranks at cadence 8: overlapping runs on several ranks, which "
