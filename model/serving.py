@@ -140,16 +140,22 @@ def request_mix_for(workload: Workload, n: int = MIX_SIZE, seed: int = 0,
     return _cached_mix(workload, n, seed, hit_rate)
 
 
-def _cached_mix(workload: Workload, n: int, seed: int, hit_rate: float | None) -> RequestMix:
-    """Request mixes are deterministic in (profile, n, seed, hit): draw each once.
+def _cached_mix(workload: Workload, n: int, seed: int, hit_rate: float | None,
+                queue: bool = False) -> RequestMix:
+    """Request mixes are deterministic in (profile, n, seed, hit, queue): draw each once.
 
     A session profile's requests come in sessions whose contexts and gaps are strongly
     correlated, so n requests drawn as whole sessions hold only ~n/40 independent sessions and
     their heavy-tailed means sit ~10% off (AgentX: mean context 164K in a 4000-request draw vs
     148K in 200K). Drawing 16x the requests and keeping every 16th gives the same n requests
-    from 16x the sessions. A `hit_rate` override scales each request's cached part (as
-    Workload.request_mix does) on the kept sample."""
-    key = (workload.model_dump_json(), n, seed, hit_rate)
+    from 16x the sessions. `queue=True`: all 16x requests, for the FCFS wait law, which only
+    needs their service and gap and is set by the rare cold prompts (a session's first turn:
+    the thinned mix keeps one in 16 of them; see `_Engine.queue`). A `hit_rate` override
+    scales each request's cached part (as Workload.request_mix does) on the kept sample."""
+    thinned = getattr(workload, "kind", "requests") == "sessions" and isinstance(workload,
+                                                                                Workload)
+    queue = queue and thinned  # other workloads: the queue sample is the mix itself
+    key = (workload.model_dump_json(), n, seed, hit_rate, queue)
     if key in _MIX_CACHE:
         return _MIX_CACHE[key]
     if len(_MIX_CACHE) > 64:
@@ -157,7 +163,7 @@ def _cached_mix(workload: Workload, n: int, seed: int, hit_rate: float | None) -
     if hit_rate is not None and not isinstance(workload, Workload):
         mix = workload.request_mix(n, seed, hit_rate)  # a recorded trace refuses, with why
     elif hit_rate is not None:
-        base = _cached_mix(workload, n, seed, None)
+        base = _cached_mix(workload, n, seed, None, queue)
         own = base.hit_rate
         if not 0.0 <= hit_rate < 1.0:
             raise ServecastError(f"hit_rate: {hit_rate} is outside [0, 1)")
@@ -167,9 +173,10 @@ def _cached_mix(workload: Workload, n: int, seed: int, hit_rate: float | None) -
         else:
             unc = c * (1.0 - hit_rate)
         mix = RequestMix(c, np.maximum(np.round(unc), 1.0), base.output_tokens, base.gap_s)
-    elif getattr(workload, "kind", "requests") == "sessions" and isinstance(workload, Workload):
-        big = workload.request_mix(n * MIX_SESSIONS_FACTOR, seed, None)
-        keep = slice(0, None, MIX_SESSIONS_FACTOR)
+    elif thinned:
+        big = _cached_mix(workload, n, seed, None, True) if not queue else \
+            workload.request_mix(n * MIX_SESSIONS_FACTOR, seed, None)
+        keep = slice(None) if queue else slice(0, None, MIX_SESSIONS_FACTOR)
         mix = RequestMix(big.context_tokens[keep], big.uncached_tokens[keep],
                          big.output_tokens[keep], big.gap_s[keep])
     else:
@@ -193,8 +200,15 @@ class _Mix:
 class _Engine:
     """Per-rank expectations at a given request rate; all arrays over the request sample."""
 
-    def __init__(self, step_model, mix: _Mix, policy: EnginePolicy, dp: int):
+    def __init__(self, step_model, mix: _Mix, policy: EnginePolicy, dp: int,
+                 queue: _Mix | None = None):
         self.sm, self.mix, self.pol, self.dp = step_model, mix, policy, dp
+        # the FCFS wait law's sample (service and gap only): by default the mix itself; for
+        # session profiles the 16x draw the mix is thinned from, which holds 16x its cold
+        # prompts (AgentX at 48 sessions: TTFT P90 1.41-2.31 s over mix seeds 0-4 on the mix,
+        # 1.61-1.75 s on the 16x draw, at the same speed; 2026-12-04)
+        self.queue = mix if queue is None else queue
+        self._queue_index = None
         self.hint: dict = {}  # last solved (rate, decode batch, mean step): warm starts
         self._context_index = None
         self.delay = np.zeros(len(mix.c))  # per-request reload delay (serving_cache)
@@ -244,19 +258,27 @@ class _Engine:
 
     def prefill_runs(self, b: float, rate: float):
         """(k, E): chunks per request and its total step extension at per-request chunk `rate`."""
-        m = self.mix
+        k, ext, rem, ext_rem = self._runs(self.mix, self.context_index, b, rate)
+        self.last_rem, self.last_ext_rem = rem, ext_rem
+        return k, ext, self.decode_step(b)
+
+    def queue_runs(self, b: float, rate: float):
+        """`prefill_runs`'s (k, E) over the queue sample."""
+        if self.queue is self.mix:
+            return self._runs(self.mix, self.context_index, b, rate)[:2]
+        if self._queue_index is None or self._queue_index[0] is not self.table:
+            self._queue_index = (self.table, self.table.context_index(self.queue.c))
+        return self._runs(self.queue, self._queue_index[1], b, rate)[:2]
+
+    def _runs(self, m: _Mix, index, b: float, rate: float):
         kf = np.floor(m.u / rate)
         rem = m.u - kf * rate
-        td = self.decode_step(b)
         bb = max(b, 1.0)
         mid = m.cached + rate * (kf + 1.0) / 2.0  # mean end-of-chunk context of the full chunks
         ext_full = np.where(kf > 0, self.table.extension_at_chunk(rate, mid, bb), 0.0)
-        ext_rem = np.where(rem > 0, self.table.extension_at_contexts(
-            np.maximum(rem, 1.0), self.context_index, bb), 0.0)
-        k = kf + (rem > 0)
-        ext = kf * np.maximum(ext_full, 0.0) + np.maximum(ext_rem, 0.0)
-        self.last_rem, self.last_ext_rem = rem, np.maximum(ext_rem, 0.0)
-        return k, ext, td
+        ext_rem = np.maximum(np.where(rem > 0, self.table.extension_at_contexts(
+            np.maximum(rem, 1.0), index, bb), 0.0), 0.0)
+        return kf + (rem > 0), kf * np.maximum(ext_full, 0.0) + ext_rem, rem, ext_rem
 
     def next_chunk_extension(self, room, b: float) -> np.ndarray:
         """Mean extension the next queued prompt adds when it fills `room` tokens of a step:
@@ -408,6 +430,7 @@ class _State:
     lock: tuple | None = None
     # decode step a decoding request sees (set by serve(); None: td): itself plus the others
     td_tag: float | None = None
+    queue_base: np.ndarray | None = None  # FCFS: ttft_base over the queue sample (wait law)
 
     @property
     def td_seen(self) -> float:
@@ -510,17 +533,22 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         run_offsets, run_weights, run_h = _run_mixture(x, td, own_steps * t_lock + ext, ext, k,
                                                        interval, eng.dp, busy)
         service = td + run_h + (own_steps - 1.0) * t_lock + ext
-        rho_p = x * float(service.mean())
+        if eng.queue is mix:
+            q_service = service
+        else:  # the wait law's own sample (_Engine.queue)
+            k_q, ext_q = eng.queue_runs(b, rate)
+            q_service = td + run_h + interval * (np.maximum(k_q, 1.0) - 1.0) * t_lock + ext_q
+        rho_p = x * float(q_service.mean())
         if rho_p >= 1.0:
             return _State(x, b, td, tbar, k, ext, service, rho_p, 0.0, share,
                           f"prefill queue utilization {rho_p:.2f} >= 1 (FCFS on the budget)")
-        cs2 = float(service.var() / max(service.mean() ** 2, 1e-30))
+        cs2 = float(q_service.var() / max(q_service.mean() ** 2, 1e-30))
         if n_sessions:  # closed loop: finite-source wait (mean of the thinned P-K law)
-            grid_dt, busy, pmf = _wait_law(service, rho_p, x, mix.z, WAIT_GRID_FAST)
+            grid_dt, busy, pmf = _wait_law(q_service, rho_p, x, eng.queue.z, WAIT_GRID_FAST)
             wait = float(np.sum(pmf * np.arange(len(pmf))) * grid_dt)
             rho_p = busy
         else:
-            wait = kingman_wait_s(rho_p, float(service.mean()), cs2, 1.0)
+            wait = kingman_wait_s(rho_p, float(q_service.mean()), cs2, 1.0)
         wait_scale = (ca2 + cs2) / (1.0 + cs2)
         # the queue's wait covers arrivals during a prefill; idle arrivals wait out half a
         # decode step
@@ -538,7 +566,7 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         if n_sessions:
             lt_wait = float(np.sum(pmf * np.exp(-x * grid_dt * np.arange(len(pmf)))))
         else:
-            lt_wait = (1.0 - rho_p) / max(float(np.mean(np.exp(-x * service))), 1e-300)
+            lt_wait = (1.0 - rho_p) / max(float(np.mean(np.exp(-x * q_service))), 1e-300)
         tail_free = np.exp(-x * tau)
         tail_q = np.clip(1.0 - min(lt_wait, 1.0) * tail_free, 0.0, 1.0)
         tail_ext = eng.next_chunk_extension(room, b)
@@ -561,7 +589,7 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         lock = (float(ext.mean()) / max(float(k.mean()), 1e-12),
                 x * float(k.mean()) * tbar * interval, eng.dp) if eng.dp > 1 else None
     st = _State(x, b, td, tbar, k, ext, base, rho_p, wait, share, "", wait_scale,
-                mix.z if n_sessions else None, extra, shots)
+                eng.queue.z if n_sessions else None, extra, shots)
     # on lock-stepped ranks a prompt's own chunk masks the other ranks' (the step waits for the
     # slowest, not the sum): their arrivals are left unexcited
     st.excite = shots is not None and eng.dp == 1
@@ -577,6 +605,7 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # the next prompt (two 4,000-token prompts fill an 8K step: the third waits)
         st.tail_ext_late = np.where(k <= 1, eng.merged_tail_extension(room, b), tail_ext)
         st.run_offsets, st.run_weights = run_offsets, run_weights
+        st.queue_base = q_service - run_h
     return st
 
 
@@ -696,7 +725,7 @@ def _idle_capped_rate(eng: _Engine, load: ClosedLoop, n_rank: float, x: float, s
 
     if load.idle_cap_s is None:
         return x, st
-    gaps = eng.mix.z.copy()
+    gaps, q_gaps = eng.mix.z.copy(), eng.queue.z.copy()
     idle = SystemIdleCap(gaps, load.idle_cap_s)
     if idle.mean <= 0:
         return x, st
@@ -706,6 +735,8 @@ def _idle_capped_rate(eng: _Engine, load: ClosedLoop, n_rank: float, x: float, s
         if abs(z_eff - float(eng.mix.z.mean())) < 1e-3 * idle.mean:
             break
         eng.mix.z = gaps * (z_eff / idle.mean)
+        if eng.queue is not eng.mix:
+            eng.queue.z = q_gaps * (z_eff / idle.mean)
         x, st = _closed_rate(eng, n_rank, 1.0)
         if x <= 0 or st.reason:
             break
@@ -785,7 +816,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     """
     dp = int(dp_ranks or getattr(getattr(step_model, "plan", None), "dp", 1) or 1)
     if isinstance(load, TraceArrivals):
-        rm = load.mix()
+        rm = qm = load.mix()
         if hit_rate is not None:
             raise ServecastError("serve: hit_rate: a trace replay brings its own cache hits")
     elif workload is None:
@@ -808,13 +839,11 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
                 own = _cached_mix(workload, mix_size, seed, None).hit_rate
                 hit_rate = own * cache.hit_rate / max(ceiling, 1e-12)
         rm = _cached_mix(workload, mix_size, seed, hit_rate)
-    gap = rm.gap_s
-    if isinstance(load, ClosedLoop):
-        gap = np.minimum(gap, load.gap_cap_s)
-    mix = _Mix(rm.context_tokens.astype(float), rm.uncached_tokens.astype(float),
-               rm.output_tokens.astype(float), gap.astype(float))
+        qm = _cached_mix(workload, mix_size, seed, hit_rate, queue=True)
+    mix = _as_mix(rm, load)
     hit = RequestMix(mix.c, mix.u, mix.o, mix.z).hit_rate
-    eng = _Engine(step_model, mix, policy, dp)
+    eng = _Engine(step_model, mix, policy, dp,
+                  None if qm is rm else _as_mix(qm, load))
     if cache:
         eng.delay = cache.reload_s(mix.c, mix.z)
         eng.mean_delay = float(eng.delay.mean())
@@ -889,6 +918,14 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         goodput_requests_per_s=good, slo_attainment=attain, policy=policy.as_dict(),
         cache=cache.summary() if cache else None, mean_reload_s=eng.mean_delay,
         e2e_interactivity_tok_s={n: float(v) for n, v in zip(names, e2e_q, strict=True)})
+
+
+def _as_mix(rm: RequestMix, load: Load) -> _Mix:
+    gap = rm.gap_s
+    if isinstance(load, ClosedLoop):
+        gap = np.minimum(gap, load.gap_cap_s)
+    return _Mix(rm.context_tokens.astype(float), rm.uncached_tokens.astype(float),
+                rm.output_tokens.astype(float), gap.astype(float))
 
 
 def _tagged_decode_step(eng: _Engine, st: _State, n_rank: float | None) -> float:

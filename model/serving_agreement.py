@@ -356,30 +356,27 @@ _REASONS = (
      "session correlation: a lane in a long-context session sends its long prefills one after "
      "another and never overlaps itself, so fewer windows meet them than independent turns "
      "would (the `-indep` row agrees)"),
-    ("-n48", "ttft",
+    ("-n48-indep", "ttft",
      "FCFS at 48 independent turns; the heavy-tailed cold prompts (up to 850K tokens) set the "
-     "wait at P90, where TTFT's law is flat (P(> t) 0.13 at 1 s, 0.10 at 2 s: a point of "
-     "probability moves it by a third). Part is the request sample: the closed form's own P90 "
-     "spans 1.41-2.08 s over mix seeds 0-2 at its 20,000 requests and 1.94-2.05 s at 320,000, "
-     "and a run issues ~7,500 turns. The rest is the finite-source wait law (6 seeds, "
-     "2026-12-04): fed the requests each run issued, the closed form's P90 is +14% of the "
-     "run's (P99 +15%, mean wait +19%, P50 0%). The engine itself is a FCFS server: a Lindley "
-     "recursion on its arrival times with the closed form's service per prompt (k decode "
-     "steps plus its chunks' extensions) gives its TTFT P90 within 2%. What the law misses is "
-     "that a prefill chunk makes every decode step long, so decodes all but stop while the "
-     "prefill queue is busy and the sessions they hold cannot come back before it empties: "
-     "plain finite-source FCFS queues fed each run's requests (280,000 per seed) wait like "
-     "the engine when decodes stop while the server is busy (P90 +4%, mean +11%), 49% longer "
-     "at P90 when decodes run on, and the law sits between (+11% over the first at mean, P90 "
-     "and P99). It counts the arrivals during long prefills right (the engine's are 0.975 of "
-     "its count) but thins them by the thinking sessions' depletion since each job began; "
-     "thinned since the busy period began instead, with the virtual work stepped through "
-     "the busy period (tried 2026-12-04: it reproduces stopped-decode queues within 1-3% on "
-     "exponential and lognormal services), the excess halves (P90 +6%, mean wait +5%) but "
-     "the law needs 0.1 s time steps over the 400 s a long busy period lasts, ~2 s where the "
-     "closed form takes 0.6 s in all, and moves this row's P90 only ~4%: not adopted. The "
-     "body agrees since the shared last step is drawn with the own wait (P50 +24% before, +2% "
-     "after)"),
+     "wait at P90, where TTFT's law is flat (P(> t) 0.13 at 1 s, 0.10 at 2 s). Until "
+     "2026-12-04 the wait law took its service sample from the request mix, which keeps one "
+     "cold prompt in 16 of the sessions drawn, and its P90 spanned 1.41-2.31 s over mix seeds "
+     "0-4 (+25% here); it now takes the whole 16x draw (1.61-1.75 s). What is left is the "
+     "finite-source law: the engine is a FCFS server (a Lindley recursion on its arrival "
+     "times with the closed form's service per prompt gives its TTFT P90 within 2%) whose "
+     "decodes all but stop while a prefill runs, and plain finite-source queues fed each "
+     "run's requests wait like it when decodes stop while the server is busy (P90 +4%, mean "
+     "+11%, 6 seeds) and 49% longer at P90 when they run on; the law sits between (+11% over "
+     "the first): it thins a job's arrivals by the thinking sessions' depletion since that "
+     "job began. Thinned since the busy period began, with the virtual work stepped through "
+     "it, the excess halves, but that needs 0.1 s steps over a 400 s busy period (~2 s per "
+     "law): not adopted"),
+    ("-n48", "ttft",
+     "FCFS at 48 sessions: session correlation. A lane in a long-context session sends its "
+     "heavy prefills one after another, and one session can hold the heaviest prompts of a "
+     "run: the simulated P90 is 1.1-6.3 s over 10 seeds (mean 2.96 s) where independent "
+     "turns give 1.2-2.3 s (1.66 s), which the closed form follows (1.75 s); it draws every "
+     "turn independently"),
 )
 
 

@@ -116,7 +116,7 @@ def _wait_law(st: _State, admit_wait: float):
     if cached is not None and cached[0] == admit_wait:
         return cached[1:]
     base = _own_ttft(st, admit_wait)[0]
-    service = st.ttft_base
+    service = st.ttft_base if st.queue_base is None else st.queue_base
     t_max = max(4.0 * float(service.max()), 1.5 * float(base.max())) \
         + 40.0 * st.wait_mean / max(st.rho_p, 0.05)
     dt = t_max / TTFT_GRID
