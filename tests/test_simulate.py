@@ -178,7 +178,9 @@ def test_agentx_sample_trace_replay_agreement():
     # a long-context session keeps sending long contexts, which lowers the simulated request
     # rate, and its long prompts never overlap one another, which shortens the TTFT tail). The
     # same replay with each turn drawn independently (sessions=False, 4 seeds' mean) isolates
-    # the closed form: TTFT p50 / p90 / p99 -0.9 / -0.6 / -1.2%, TPOT +3.7 / -0.2 / -8.9%.
+    # the closed form: TTFT p50 / p90 / p99 -0.9 / -0.6 / -1.2%, TPOT +3.7 / -0.2 / -8.9%. Over
+    # 10 runs of 30,000 s (agentx-sample-n16-t512, serving_agreement.md, 2026-12-04) TTFT P99 is
+    # +0.3% and TPGS +2.1%: most of the one short run's gap is its own sample of sessions.
     from model.traces import load_trace
     from model.workload import ClosedLoop, RecordedWorkload
 
@@ -225,13 +227,18 @@ def test_dep8_lockstep_fcfs_ttft_agrees_with_the_simulation():
 def test_fcfs_decode_windows_open_on_the_queued_backlog():
     # One shared 64-session AgentX population, 48 sessions, threshold off (affine AgentX step
     # model). A decode window opens when its prompt's prefill ends, on the prompts that arrived
-    # during its sojourn (M/G/1: a departure leaves its sojourn's arrivals behind). Measured
-    # 2026-12-02 (4000 s): TPOT p50 / p90 / p99 -4.7 / -6.3 / -5.4%; without the backlog term
-    # p90 / p99 were -18% / -33% (data/calibration/serving_agreement.md).
-    from model.serving_agreement import agreement
+    # during its sojourn (M/G/1: a departure leaves its sojourn's arrivals behind). Against the
+    # 10 stored seeds of 12,000 s (data/calibration/serving_agreement_sims.csv, 2026-12-04):
+    # TPOT p50 / p90 / p99 -2.0 / +0.4 / -5.1%; without the backlog term p90 / p99 were -18% /
+    # -33% (one 4,000 s run, 2026-12-02). One run of this row varies 15% at P99: the mean, not
+    # a run, is the reference.
+    import pandas as pd
 
-    d = agreement("agentx-pop64-n48")
-    assert all(abs(d[f"tpot_{q}"]) < 0.10 for q in ("p50", "p90", "p99")), d
+    from model.serving_agreement import SIMS, compare
+
+    name = "agentx-pop64-n48"
+    rel = compare(pd.read_csv(SIMS), [name]).set_index("metric")["rel"]
+    assert all(abs(rel[f"tpot_{q}"]) < 0.10 for q in ("p50", "p90", "p99")), rel
 
 
 @pytest.mark.slow
@@ -277,9 +284,10 @@ def test_fcfs_ttft_body_draws_the_shared_last_step_with_the_own_wait():
     # when someone arrived during its own wait W (probability 1 - exp(-x (W + tau))), not with
     # the mean probability for every W, and a prompt that waited past its predecessor's last
     # step starts in it. Against the 10 stored seeds per scenario
-    # (data/calibration/serving_agreement_sims.csv, 2026-12-03): TTFT P50 -6.7% / -7.6% / +1.6%
-    # (before: +23.6% / +18.8% / +24.2%, 11% of the prompts that never waited got a next
-    # prompt's ~90 ms chunk).
+    # (data/calibration/serving_agreement_sims.csv): TTFT P50 +0.8% / -1.5% / -2.2% (2026-12-04,
+    # runs of 24,000 / 12,000 / 20,000 s; -6.7% / -7.6% / +1.6% on the shorter runs of
+    # 2026-12-03, and before: +23.6% / +18.8% / +24.2%, 11% of the prompts that never waited
+    # got a next prompt's ~90 ms chunk).
     import pandas as pd
 
     from model.serving_agreement import SIMS, compare
