@@ -336,7 +336,9 @@ _REASONS = (
      "cadence 8 this took the P50 from +4% to +11%); a count that fluctuates inside the window "
      "(Poisson) brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
     ("dsv4-dep8-pop64-n128-t0-iv8", "tpot_p50",
-     "FCFS on eight lock-stepped ranks at cadence 8, 128 sessions: the P50 sits where the "
+     "over 12,000 s runs (5 seeds, 2026-12-04) this P50 is -0.9%: the 4,000 s runs' own "
+     "sampling. Measured on them: FCFS on eight lock-stepped ranks at cadence 8, 128 sessions, "
+     "the P50 sits where the "
      "simulated TPOT law is flat (3 seeds pooled, 2026-12-04: 44% of requests below 25 ms per "
      "token, 53% below 30 ms), so the closed form's 52% below 25 ms, 8 points of probability, "
      "moves it by 14%; its law is narrower at the bottom (17% of simulated requests below 15 "
