@@ -264,8 +264,6 @@ class _Engine:
 
     def queue_runs(self, b: float, rate: float):
         """`prefill_runs`'s (k, E) over the queue sample."""
-        if self.queue is self.mix:
-            return self._runs(self.mix, self.context_index, b, rate)[:2]
         if self._queue_index is None or self._queue_index[0] is not self.table:
             self._queue_index = (self.table, self.table.context_index(self.queue.c))
         return self._runs(self.queue, self._queue_index[1], b, rate)[:2]
@@ -532,12 +530,12 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # P90 too low where runs are rare and long)
         run_offsets, run_weights, run_h = _run_mixture(x, td, own_steps * t_lock + ext, ext, k,
                                                        interval, eng.dp, busy)
-        service = td + run_h + (own_steps - 1.0) * t_lock + ext
-        if eng.queue is mix:
-            q_service = service
-        else:  # the wait law's own sample (_Engine.queue)
-            k_q, ext_q = eng.queue_runs(b, rate)
-            q_service = td + run_h + interval * (np.maximum(k_q, 1.0) - 1.0) * t_lock + ext_q
+        def service_of(k_, ext_):  # first step, the other own steps, the chunks' extensions
+            return td + run_h + interval * (np.maximum(k_, 1.0) - 1.0) * t_lock + ext_
+
+        service = service_of(k, ext)
+        # the wait law's own sample (_Engine.queue)
+        q_service = service if eng.queue is mix else service_of(*eng.queue_runs(b, rate))
         rho_p = x * float(q_service.mean())
         if rho_p >= 1.0:
             return _State(x, b, td, tbar, k, ext, service, rho_p, 0.0, share,
