@@ -205,3 +205,24 @@ def test_cli_workload_and_serve_errors(cli):
     assert out.code == 0 and "agentx" in out.json["workloads"]
     bad = cli("serve", "--arch", "x", "--hardware", "y", "--json")
     assert bad.code == 2 and "servecast: error" in bad.stderr and bad.stdout == ""
+
+
+def test_lock_stepped_decode_floor_is_one_sequence_on_the_replica():
+    # A decode step holds at least the request that decodes; on eight lock-stepped ranks that
+    # is 1/8 of a sequence per rank, not one per rank (eight in all). The floor at one per rank
+    # read DeepSeek V4 DEP8's light-load steps at 8 decodes: TPOT P50 +13% over the simulation
+    # at 32 sessions (data/calibration/serving_agreement.md, 2026-12-04). Expected values: the
+    # step model's own decode step at 1 and 8 decodes in all (16.3 / 20.8 ms).
+    from model.serving import _as_mix, _cached_mix, _Engine
+    from model.serving_agreement import dsv4_dep8_b300
+
+    sm = dsv4_dep8_b300()
+    load = ClosedLoop(32)
+    eng = _Engine(sm, _as_mix(_cached_mix(load_workload("agentx"), 2000, 0, None), load),
+                  EnginePolicy(), 8)
+    one = float(sm.step_time_s(0.0, 0.0, 1.0, eng.c_d, 1.0))
+    eight = float(sm.step_time_s(0.0, 0.0, 8.0, eng.c_d, 1.0))
+    assert eng.decode_step(1.0 / 8) == pytest.approx(one, rel=1e-6)
+    assert eng.decode_step(0.0) == pytest.approx(one, rel=1e-6)
+    assert eng.decode_step(1.0) == pytest.approx(eight, rel=1e-6)
+    assert eight / one > 1.2  # the floor matters: 8 decodes cost 28% more than one
