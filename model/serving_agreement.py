@@ -137,10 +137,12 @@ SCENARIOS += [Scenario(s.name + "-indep", s.workload, s.threshold, s.load, s.sim
 # the seed's threshold claim setting: DeepSeek V4 Pro DEP8 on B300 (calibrated step model, recipe
 # MTP), eight lock-stepped ranks; the trace's heavy tail of cold prefills (up to 850K tokens)
 # (one shared population of 64 sessions on both sides: AgentX sessions differ so much that two
-# draws of a few dozen disagree by ~25% on TPGS at light load). 4,000 s runs are short for these
-# rows too (see PREFACE: 12,000 s moves them); re-simulating them takes ~30 min for 5 seeds
+# draws of a few dozen disagree by ~25% on TPGS at light load). 12,000 s runs: a session lasts
+# ~3,400 s of think time on average (up to 14,000 s) and the load swings with the heavy
+# sessions in play (TTFT P50 0.36-0.65 s between 1,200 s windows of one run, 2026-12-04); five
+# seeds, as one n128 run takes ~100 s
 DEP_SCENARIOS = [Scenario(f"dsv4-dep8-pop64-n{n}-t{t}-iv{iv}", "population:agentx:64", t,
-                          ClosedLoop(n), 4000, "dsv4-dep8", 3, True, iv)
+                          ClosedLoop(n), 12000, "dsv4-dep8", 3, True, iv, 5)
                  for n in (32, 128) for t, iv in ((0, 1), (512, 1), (0, 8), (512, 8))]
 SCENARIOS += DEP_SCENARIOS
 BY_NAME = {s.name: s for s in SCENARIOS}
@@ -285,12 +287,14 @@ PREFACE = (
     "percentiles sat far from the stationary percentile the closed form gives (agentx-n48 "
     "TTFT P90 2.96 s, 1.78 s over 20,000 s runs; the closed form 1.75 s), which had read as "
     "session correlation. `-indep` rows make the simulator draw turns independently (a "
-    "shuffled mix drawn as the closed form's). The `dsv4-dep8` rows still run 4,000 s, and are "
-    "short too: over 12,000 s (seeds 3-7 each, `simulated(name, seed, sim_s=12000)` on "
-    "2026-12-04, in `serving_agreement_sims_dsv4_12000s.csv`) their FCFS TTFT P90 reads +9% "
-    "to +18% and the "
-    "TPOT P50 of six of them +12% to +20% (n128-t0-iv8's -14.0% becomes -0.9%): 19 entries "
-    "would part instead of 11, so the DEP agreement below is better than the closed form's. "
+    "shuffled mix drawn as the closed form's). The `dsv4-dep8` rows run 12,000 s (5 seeds; "
+    "4,000 s until 2026-12-04: those runs read the FCFS TTFT P90 3-11% above the long ones, "
+    "which had the closed form agree). Since 2026-12-04 "
+    "a lane starts in a session drawn in proportion to its turns, the steady state (a "
+    "uniformly drawn first session had lanes start cold sessions at about twice the steady "
+    "rate early in a run), and the closed form floors a lock-stepped decode step at one "
+    "sequence on the replica, not one per rank (DEP8 TPOT P50 at 32 sessions: +13.4% -> "
+    "-0.9%). "
     "`pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
@@ -324,41 +328,40 @@ _REASONS = (
      "and as short with turns drawn independently (-13.8%, -29.6%, -13.7%; 2026-12-04): not "
      "session correlation nor run length; the synthetic AgentX sessions do not show it "
      "(agentx-n16-t512 P99 +14.9%, within its noise). Not yet explained"),
+    ("agentx-", "tpot",
+     "threshold mode on one rank: the closed form's TPOT P90 reads 13-18% high on every 48-lane "
+     "AgentX row (fresh sessions, shared populations and independent turns alike, 10 runs each, "
+     "2026-12-04), so a queueing approximation rather than sessions; at 16 lanes the P99 of "
+     "independent turns (+19.9%) has a 12% CV between runs. Not yet explained"),
     ("agentx-pop16-n48", "ttft",
      "FCFS, 48 lanes on a population of 16 sessions (each replayed by three lanes at once): "
-     "+21.6% over 10 runs of 24,000 s; with turns drawn independently +10.7% (CV 31%, within "
+     "+33.1% over 10 runs of 24,000 s (+21.6% before lanes started in turn-weighted sessions, "
+     "2026-12-04); with turns drawn independently +10.7% (CV 31%, within "
      "its noise); the 64-session population at 48 lanes agrees (+8.1%), fresh sessions too "
      "(agentx-n48 -1.5%). Not yet explained"),
-    ("-t512-iv", "tpot_p50",
+    ("-t512-iv", "tpot",
      "threshold mode on eight lock-stepped ranks: a window's runs cost what the busiest rank "
      "holds, taken at the window's mean count of chunks (since 2026-12-03; the shot law had "
      "added them, which put the P90 / P99 up to +38% long); runs that come and go inside the "
      "window count as if they overlapped, so median windows come out about 1 ms long (at "
      "cadence 8 this took the P50 from +4% to +11%); a count that fluctuates inside the window "
      "(Poisson) brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
-    ("dsv4-dep8-pop64-n128-t0-iv8", "tpot_p50",
-     "over 12,000 s runs (5 seeds, 2026-12-04) this P50 is -0.9%: the 4,000 s runs' own "
-     "sampling. Measured on them: FCFS on eight lock-stepped ranks at cadence 8, 128 sessions, "
-     "the P50 sits where the "
-     "simulated TPOT law is flat (3 seeds pooled, 2026-12-04: 44% of requests below 25 ms per "
-     "token, 53% below 30 ms), so the closed form's 52% below 25 ms, 8 points of probability, "
-     "moves it by 14%; its law is narrower at the bottom (17% of simulated requests below 15 "
-     "ms, 5% in the closed form) and heavier at the top (the P99 entry). The simulated step "
-     "process is burstier than the closed form's steady floor of packed short prompts under "
-     "every admitting step plus Poisson runs: 10% of its 40-step stretches average 29 ms, the "
-     "bare decode step, though only 3% of them hold no prefill at all, while the share of "
-     "admitting slots with a prefill matches (72% simulated, 68-83% in the closed form). Not "
-     "session correlation: with turns drawn independently (3 seeds) the P50 is -12.3% and the "
-     "P99 +22.7% as well. Arrivals summed over the ranks are overdispersed where the closed "
-     "form draws independent Poisson runs per rank (variance / mean of 20 s counts 2.5-2.9 "
-     "over 3 seeds, 2026-12-04; 1.2 per rank): they follow the completions (correlation 0.7), "
-     "which the lock-stepped decodes hold back and release on every rank at once; but "
-     "n128-t0-iv1 is more overdispersed (6.3) and agrees at P50, so that alone does not "
-     "explain it. What empties those stretches is not yet found; before the simulator "
-     "drained its measured requests this was -13.7%, within the noise"),
-    ("dsv4-dep8", "tpot",
-     "FCFS on eight lock-stepped ranks at cadence 8: overlapping runs on several ranks, which "
-     "the shot law adds where the step takes their maximum"),
+    ("dsv4-dep8", "ttft",
+     "eight lock-stepped ranks: the closed form's TTFT sits high on the FCFS rows (P90 +9.6% to "
+     "+20.9% over 12,000 s runs) and at the threshold rows' P99. On one rank the same "
+     "finite-source wait law reads 11% above a queue whose decodes stop during prefill, as the "
+     "engine's do (AgentX, 6 seeds, 2026-12-04); on lock-stepped ranks each own prefill step "
+     "also carries the other ranks' mean extension where the step takes their maximum. The "
+     "simulated load swings with the heavy sessions in play (TTFT P50 0.36-0.65 s between "
+     "1,200 s windows of one n128-t0-iv1 run, seed 3; CV 9.4% between seeds). Not yet "
+     "separated"),
+    ("dsv4-dep8-pop64-n128-t0", "tpot",
+     "FCFS on eight lock-stepped ranks at 128 sessions: prefill steps take about 70% of the "
+     "time (68% in the closed form), so a window's TPOT is set by how many other ranks' runs "
+     "land in it; the closed form draws them as independent Poisson runs per rank, while the "
+     "simulated arrivals summed over the ranks are overdispersed (variance / mean of 20 s "
+     "counts 2.5-6.3, 2026-12-04). Goes with the TTFT P50 parting of the same rows; not yet "
+     "explained"),
 )
 
 
