@@ -353,8 +353,14 @@ _REASONS = (
      "engine's do (AgentX, 6 seeds, 2026-12-04); on lock-stepped ranks each own prefill step "
      "also carries the other ranks' mean extension where the step takes their maximum. The "
      "simulated load swings with the heavy sessions in play (TTFT P50 0.36-0.65 s between "
-     "1,200 s windows of one n128-t0-iv1 run, seed 3; CV 9.4% between seeds). Not yet "
-     "separated"),
+     "1,200 s windows of one n128-t0-iv1 run, seed 3; CV 9.4% between seeds). The P50s come "
+     "from the first-step mixture (model.serving._run_mixture): at n128-t0-iv1 the closed form "
+     "finds another rank mid-run at 64% of arrivals (seven independent ranks, each in a run "
+     "13.6% of the time), the simulation at 49% (seed 4, 4,000 s, 2026-12-04: 11.6% per rank, "
+     "and clustered: 51% of arrivals see none where a binomial gives 42%; runs bunch because "
+     "lock-stepped decodes release completions on every rank at once). Set to 49%, the closed "
+     "form's P50 goes from +51% to -17% and its P90 from +12% to +7%: the mechanism is found, "
+     "the clustering is not modelled yet"),
     ("dsv4-dep8-pop64-n128-t0", "tpot",
      "FCFS on eight lock-stepped ranks at 128 sessions: prefill steps take about 70% of the "
      "time (68% in the closed form), so a window's TPOT is set by how many other ranks' runs "
