@@ -331,8 +331,11 @@ _REASONS = (
     ("agentx-", "tpot",
      "threshold mode on one rank: the closed form's TPOT P90 reads 13-18% high on every 48-lane "
      "AgentX row (fresh sessions, shared populations and independent turns alike, 10 runs each, "
-     "2026-12-04), so a queueing approximation rather than sessions; at 16 lanes the P99 of "
-     "independent turns (+19.9%) has a 12% CV between runs. Not yet explained"),
+     "2026-12-04), so a queueing approximation rather than sessions, while its P99 reads "
+     "6-15% low: the closed form's law is too wide around P90 and too thin beyond. Windows "
+     "start preferentially in extended steps (bias (T + h) / T); without that bias the P90 "
+     "reads 42-58% low, so the bias is right in kind but its shape is off. At 16 lanes the "
+     "P99 of independent turns (+19.9%) has a 12% CV between runs. Not yet explained"),
     ("agentx-pop16-n48", "ttft",
      "FCFS, 48 lanes on a population of 16 sessions (each replayed by three lanes at once): "
      "+33.1% over 10 runs of 24,000 s (+21.6% before lanes started in turn-weighted sessions, "
