@@ -350,20 +350,17 @@ _REASONS = (
      "cadence 8 this took the P50 from +4% to +11%); a count that fluctuates inside the window "
      "(Poisson) brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
     ("dsv4-dep8", "ttft",
-     "eight lock-stepped ranks: the closed form's TTFT sits high on the FCFS rows (P90 +9.6% to "
-     "+20.9% over 12,000 s runs) and at the threshold rows' P99. On one rank the same "
-     "finite-source wait law reads 11% above a queue whose decodes stop during prefill, as the "
-     "engine's do (AgentX, 6 seeds, 2026-12-04); on lock-stepped ranks each own prefill step "
-     "also carries the other ranks' mean extension where the step takes their maximum. The "
-     "simulated load swings with the heavy sessions in play (TTFT P50 0.36-0.65 s between "
-     "1,200 s windows of one n128-t0-iv1 run, seed 3; CV 9.4% between seeds). The P50s come "
-     "from the first-step mixture (model.serving._run_mixture): at n128-t0-iv1 the closed form "
-     "finds another rank mid-run at 64% of arrivals (seven independent ranks, each in a run "
-     "13.6% of the time), the simulation at 49% (seed 4, 4,000 s, 2026-12-04: 11.6% per rank, "
-     "and clustered: 51% of arrivals see none where a binomial gives 42%; runs bunch because "
-     "lock-stepped decodes release completions on every rank at once). Set to 49%, the closed "
-     "form's P50 goes from +51% to -17% and its P90 from +12% to +7%: the mechanism is found, "
-     "the clustering is not modelled yet"),
+     "eight lock-stepped ranks, 128 sessions at cadence 8 (and the threshold row's P99): the "
+     "closed form's TTFT tail sits high. Its first-step mixture now thins arrivals during "
+     "another rank's run (sessions stall while every step is stretched; 2026-12-04), which "
+     "took the FCFS P50s from +13..+51% to -10..+3% and the cadence-1 P90s within 7%: at "
+     "n128-t0-iv1 it finds another rank mid-run at 57% of arrivals (64% before; simulated 49%, "
+     "seed 4, 4,000 s, where runs also cluster: 51% of arrivals see none against 42% for "
+     "independent ranks at the simulated share). What is left at cadence 8 is the wait law's: "
+     "on one rank the same finite-source law reads 11% above a queue whose decodes stop during "
+     "prefill, as the engine's do (AgentX, 6 seeds, 2026-12-04), and the simulated load swings "
+     "with the heavy sessions in play (TTFT P50 0.36-0.65 s between 1,200 s windows of one "
+     "run). Not yet separated"),
     ("dsv4-dep8-pop64-n128-t0", "tpot",
      "FCFS on eight lock-stepped ranks at 128 sessions: prefill steps take about 70% of the "
      "time (68% in the closed form), so a window's TPOT is set by how many other ranks' runs "

@@ -226,3 +226,26 @@ def test_lock_stepped_decode_floor_is_one_sequence_on_the_replica():
     assert eng.decode_step(0.0) == pytest.approx(one, rel=1e-6)
     assert eng.decode_step(1.0) == pytest.approx(eight, rel=1e-6)
     assert eight / one > 1.2  # the floor matters: 8 decodes cost 28% more than one
+
+
+def test_first_step_mixture_thins_arrivals_during_a_run():
+    # Two lock-stepped ranks, one kind of run: 10 s long, one chunk step extended by h = 5 s
+    # over a 10 ms decode step, started 0.02 times a second, so the other rank is in a run a
+    # share f = 0.2 of the time: without a closed loop's gaps an arrival finds it there with
+    # probability 0.2. In a closed loop only sessions already idle arrive during it (E[min(gap,
+    # D)] / D of the rate) and the decoding ones finish at td / (td + h) of their pace: gaps of
+    # 5 s keep 0.5 + 0.5 * 0.01 / 5.01 of the arrivals, so f becomes 0.2 k / (0.2 k + 0.8) =
+    # 0.1113 (worked by hand); gaps far longer than the run keep them all.
+    from model.serving import _run_mixture
+
+    span, ext, k = np.array([10.0]), np.array([5.0]), np.array([1.0])
+
+    def in_run(gaps):
+        offsets, weights, _ = _run_mixture(0.02, 0.01, span, ext, k, 1, 2, 1.0, gaps)
+        return float(weights[offsets >= 5.0].sum())
+
+    kept = 0.5 + 0.5 * 0.01 / 5.01
+    assert in_run(None) == pytest.approx(0.2, rel=1e-9)
+    assert in_run(np.array([1e6])) == pytest.approx(0.2, rel=1e-6)
+    assert in_run(np.array([5.0])) == pytest.approx(0.2 * kept / (0.2 * kept + 0.8), rel=1e-9)
+    assert in_run(np.array([5.0])) == pytest.approx(0.1113, abs=5e-4)

@@ -208,22 +208,29 @@ def test_agentx_sample_trace_replay_agreement():
 
 
 def test_dep8_lockstep_fcfs_against_long_simulations():
-    # DeepSeek V4 Pro DP8+EP8 on B300 (calibrated step model, recipe MTP), 128 closed-loop
-    # AgentX sessions from one shared 64-session population, no threshold, prefill cadence 8:
-    # eight lock-stepped ranks and cold prefills of up to 850K tokens. Against the 5 stored
-    # seeds of 12,000 s (data/calibration/serving_agreement_sims.csv, 2026-12-04): TPGS +2.9%,
-    # TPOT P50 / P90 +4.5 / +5.5% (the decode step floored at one sequence on the replica);
-    # TTFT P50 / P90 / P99 +15.0 / +20.9 / +25.8%, an open parting (the report's reasons):
-    # the closed form's FCFS wait on lock-stepped ranks is high, never low. Over 4,000 s runs
-    # the TTFT had read within 10%: the short runs sat high.
+    # DeepSeek V4 Pro DP8+EP8 on B300 (calibrated step model, recipe MTP), closed-loop AgentX
+    # sessions from one shared 64-session population, no threshold: eight lock-stepped ranks
+    # and cold prefills of up to 850K tokens. Against the stored seeds of 12,000 s
+    # (data/calibration/serving_agreement_sims.csv, 2026-12-04), 128 sessions at cadence 8:
+    # TPGS +3.2%, TPOT P50 / P90 +3.7 / +4.7% (the decode step floored at one sequence on the
+    # replica). The first-step mixture thins arrivals during another rank's run (sessions
+    # stall while every step is stretched): TTFT P50 at cadence 1, 128 / 32 sessions, +51.3 /
+    # +13.1% without it, -3.6 / +3.2% with it; P90 +11.7 / +17.2% -> +3.8 / +6.9%. The
+    # cadence-8 TTFT P90 / P99 at 128 sessions still part (+15.7 / +25.7%, the report's
+    # reasons): high, never low.
     import pandas as pd
 
     from model.serving_agreement import SIMS, compare
 
-    d = compare(pd.read_csv(SIMS), ["dsv4-dep8-pop64-n128-t0-iv8"]).set_index("metric")["rel"]
-    assert abs(d["tpgs"]) < 0.05
-    assert abs(d["tpot_p50"]) < 0.10 and abs(d["tpot_p90"]) < 0.10, d
-    assert all(0.0 < d[f"ttft_{q}"] < 0.30 for q in ("p50", "p90", "p99")), d
+    names = ["dsv4-dep8-pop64-n128-t0-iv8", "dsv4-dep8-pop64-n128-t0-iv1",
+             "dsv4-dep8-pop64-n32-t0-iv1"]
+    d = compare(pd.read_csv(SIMS), names).set_index(["scenario", "metric"])["rel"]
+    iv8, n128, n32 = names
+    assert abs(d[(iv8, "tpgs")]) < 0.05
+    assert abs(d[(iv8, "tpot_p50")]) < 0.10 and abs(d[(iv8, "tpot_p90")]) < 0.10, d
+    assert all(0.0 < d[(iv8, f"ttft_{q}")] < 0.30 for q in ("p90", "p99")), d
+    for name in (n128, n32):
+        assert abs(d[(name, "ttft_p50")]) < 0.10 and abs(d[(name, "ttft_p90")]) < 0.10, d
 
 
 def test_fcfs_decode_windows_open_on_the_queued_backlog():
