@@ -369,32 +369,6 @@ _REASONS = (
      "ranks at the simulated share (17.5% each) would leave 21.4% (n128-t0-iv1, seed 4, "
      "4,000 s, 2026-12-04), and arrivals summed over the ranks are overdispersed (variance / "
      "mean of 20 s counts 2.5-6.3). The clustering is not modelled yet"),
-    ("-t512-iv", "tpot",
-     "threshold mode on eight lock-stepped ranks: a window's runs cost what the busiest rank "
-     "holds, taken at the window's mean count of chunks (since 2026-12-03; the shot law had "
-     "added them, which put the P90 / P99 up to +38% long); runs that come and go inside the "
-     "window count as if they overlapped, so median windows come out about 1 ms long (at "
-     "cadence 8 this took the P50 from +4% to +11%); a count that fluctuates inside the window "
-     "(Poisson) brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
-    ("dsv4-dep8", "ttft",
-     "eight lock-stepped ranks, 128 sessions at cadence 8 (and the threshold row's P99): the "
-     "closed form's TTFT tail sits high. Its first-step mixture now thins arrivals during "
-     "another rank's run (sessions stall while every step is stretched; 2026-12-04), which "
-     "took the FCFS P50s from +13..+51% to -10..+3% and the cadence-1 P90s within 7%: at "
-     "n128-t0-iv1 it finds another rank mid-run at 57% of arrivals (64% before; simulated 49%, "
-     "seed 4, 4,000 s, where runs also cluster: 51% of arrivals see none against 42% for "
-     "independent ranks at the simulated share). What is left at cadence 8 is the wait law's: "
-     "on one rank the same finite-source law reads 11% above a queue whose decodes stop during "
-     "prefill, as the engine's do (AgentX, 6 seeds, 2026-12-04), and the simulated load swings "
-     "with the heavy sessions in play (TTFT P50 0.36-0.65 s between 1,200 s windows of one "
-     "run). Not yet separated"),
-    ("dsv4-dep8-pop64-n128-t0", "tpot",
-     "FCFS on eight lock-stepped ranks at 128 sessions: prefill steps take about 70% of the "
-     "time (68% in the closed form), so a window's TPOT is set by how many other ranks' runs "
-     "land in it; the closed form draws them as independent Poisson runs per rank, while the "
-     "simulated arrivals summed over the ranks are overdispersed (variance / mean of 20 s "
-     "counts 2.5-6.3, 2026-12-04). Goes with the TTFT P50 parting of the same rows; not yet "
-     "explained"),
 )
 
 

@@ -421,9 +421,9 @@ def _first_sessions(pool, n: int, rng) -> list:
     """The sessions the `n` lanes are in at time zero. A lane that has looped for a while is in
     a session with probability proportional to its turns (a random turn of a uniformly drawn
     session under-weights long sessions: lanes then leave their first session early and start
-    more cold sessions than they would at steady state; DeepSeek V4 DEP8, 128 AgentX lanes:
-    TTFT P50 0.64 s over 800-4,000 s, 0.54 s over 4,000-8,000 s, seed 3, 2026-12-04). Drawn from
-    the pool's next max(4n, 256) sessions, with replacement, weights = turns."""
+    more cold sessions than they would at steady state: on the 64-session AgentX population 40
+    turns left on average instead of 90; 2026-12-04). Drawn from the pool's next max(4n, 256)
+    sessions, with replacement, weights = turns."""
     cands = [pool.next() for _ in range(max(4 * n, 256))]
     turns = np.array([len(c[0]) for c in cands], float)
     pick = rng.choice(len(cands), size=n, p=turns / turns.sum())
