@@ -3,22 +3,28 @@
 Every rank waits for the slowest in each step. Per admitting step (every
 `prefill_schedule_interval`-th), a rank either holds one full-budget chunk of a long prompt
 (a run) or packs the short last pieces of the prompts that reached it since it was last free.
-Two things set the mean step, and the simpler picture (each rank's mean chunk height,
-independent ranks) misses both:
+Three things set the mean step, and the simpler picture (each rank's mean chunk height,
+independent ranks) misses all three:
 
 - a step lasts as long as its busiest rank, so with unequal heights (a cold 8K chunk at long
   context against a warm 2K turn) the slowest of several busy ranks is what counts;
 - steps holding a run are long, so they collect more of the other ranks' arrivals, and those
   pieces land in the next run step, where the run masks them. The running ranks' own arrivals
-  wait for a quiet step.
+  wait for a quiet step;
+- for the same reason runs cluster: a run that starts while another holds the slots overlaps
+  it, and costs little more than it. The number of ranks on a run chunk is a birth-death chain
+  whose births grow with the slot's length, not a binomial.
 
 Measured on DeepSeek V4 Pro DEP8 on B300 under the 64-session AgentX population at 128 sessions
-(model.serving_agreement, 2026-12-02): the serving fixed point's mean step is 88.5 / 66.8 ms
-for prefill_schedule_interval 1 / 8, against 86.1 / 67.2 ms simulated; the mean-height picture
-gave 99.1 / 53.0 ms.
+(model.serving_agreement, 2026-12-04, 8,000 s runs, seeds 1-3): at prefill_schedule_interval
+1 the chain gives P(no rank on a run chunk) 0.953 against 0.947 simulated, and a mean step of
+70.6 ms at the simulated rate against 69.5-74.6 ms; with independent ranks it was 88.5 ms
+(and 86.1 ms in the simulator of 2026-12-02, before lanes started in the steady state).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -82,39 +88,97 @@ class LockstepSlots:
     def mean_step(self, x: float, t: float) -> float:
         """The mean step implied by a mean step `t` at x requests/s per rank (one map of the
         fixed point in the step time)."""
-        return self._slots(x, t)[0]
+        return self._slots(x, t).mean_step
 
     def run_shots(self, x: float, t: float):
-        """For the TPOT law at mean step `t`: (quiet floor per admitting slot, chunks per run,
-        each run's extension per chunk above the others, share of requests that run). A run
-        chunk of height h adds E[(h - M)+] = integral_0^h P(M <= y) dy to a slot whose other
-        ranks alone would take M (their packed pieces, or their own run chunk): what it masks
-        adds nothing, and two overlapping runs add about the taller one, not both."""
-        _, f_quiet, dy, f_others = self._slots(x, t)
-        floor = _mean(f_quiet, dy)
-        above = np.r_[0.0, np.cumsum(f_others) * dy]
+        """For the TPOT law at mean step `t`: (quiet floor per admitting slot, chunks per
+        cluster, each cluster's extension per chunk, share of requests that open a cluster).
+        The shots are clusters of overlapping runs, not runs: a run that starts while another
+        holds the slots adds little (the step takes the taller chunk), but it lengthens the
+        stretch of long steps. A cluster is one run (its chunk above the other ranks' packed
+        pieces, E[(h - M)+] = integral_0^h P(M <= y) dy) lasting its chunks times the mean
+        busy period of J per run, at the rate clusters open; the heights are scaled so the
+        clusters' mean is the slots' (2026-12-04: independent shots of each run's excess over
+        the others, the clustering's mean but not its bursts, put the TPOT P90 44% short)."""
+        sl = self._slots(x, t)
+        floor = _mean(sl.f_quiet, sl.dy)
+        pi, starts = sl.pi, sl.pi[:-1] * sl.births
+        busy = 1.0 - pi[0]
+        opens = float(starts[0] / max(float(starts.sum()), 1e-300))  # runs that open one
+        stretch = busy / max(float(starts[0]), 1e-300)  # mean busy period / mean run
+        # Poisson clusters overlap where the chain's busy periods cannot: at the rate whose
+        # covered share is the busy share (depth -ln pi0, a Boolean model), each cluster adding
+        # what it holds above the other clusters covering the slot (the step takes the taller)
+        depth = -np.log(max(float(pi[0]), 1e-300))
+        _, f_run, _ = self._grid(0.0)
+        f_above = sl.f_pieces * np.exp(-depth * (1.0 - f_run))
+        above = np.r_[0.0, np.cumsum(f_above) * sl.dy]
         runs = self.full >= 1
-        h_eff = np.interp(self.full_ext[runs] / dy, np.arange(GRID + 1), above)
-        return floor, self.full[runs], h_eff, float(runs.mean())
+        h_eff = np.interp(self.full_ext[runs] / sl.dy, np.arange(GRID + 1), above)
+        extra = float(np.sum(pi[1:] * sl.x_run[1:])) - busy * floor
+        per_slot = depth * float(np.sum(self.full[runs] * h_eff)) / max(
+            float(self.full[runs].sum()), 1e-300)
+        scale = extra / per_slot if per_slot > 0 else 0.0
+        boolean = depth / busy if busy > 0 else 1.0
+        return (floor, self.full[runs] * stretch, h_eff * scale,
+                float(runs.mean()) * opens * boolean)
 
-    def _slots(self, x: float, t: float):
+    def _slots(self, x: float, t: float) -> _SlotLaw:
         dp, iv, td = self.dp, self.interval, self.td
         p = min(x * self.mean_full * t * iv, 0.999)  # a rank holds a run chunk in a slot
-        p_run = 1.0 - (1.0 - p) ** dp  # some rank does: a run slot
-        runners = dp * p / max(p_run, 1e-12)
-        others = max(dp - runners, 0.0)
         per_slot = x * t * iv  # last pieces reaching a rank per slot, on average
-        width = per_slot / max(1.0 - p_run, 1e-3)
+        width = per_slot / max((1.0 - p) ** dp, 1e-3)
         y_max = 1.05 * max(self.top, width * self.last_mean
                            + 10.0 * np.sqrt(width * self.last_m2) + self.top)
         dy, f_run, piece = self._grid(y_max)
-        f_a = ((1.0 - p + p * f_run) ** dp - (1.0 - p) ** dp) / max(p_run, 1e-12)
-        x_run = _mean(f_a, dy)
-        for _ in range(3):  # a run slot draws arrivals over its own length
-            mu_run = x * (iv * td + x_run)
-            x_run = _mean(f_a * self._packed_cdf(mu_run, piece) ** others, dy)
-        mu_quiet = max(per_slot - p_run * mu_run * others / dp, 0.0) / max(1.0 - p_run, 1e-12)
+        # a slot where j ranks hold a run chunk lasts as long as the tallest of them and of the
+        # pieces the other ranks packed from the arrivals during it
+        j = np.arange(dp + 1)
+        x_run, mu_run = np.zeros(dp + 1), np.zeros(dp + 1)
+        for n in j[1:]:
+            x_run[n] = _mean(f_run ** n, dy)
+            for _ in range(3):  # a run slot draws arrivals over its own length
+                mu_run[n] = x * (iv * td + x_run[n])
+                x_run[n] = _mean(f_run ** n * self._packed_cdf(mu_run[n], piece) ** (dp - n), dy)
+        # J, the ranks on a run chunk, is a birth-death chain in slots: each of the dp - J free
+        # ranks starts runs at the rate run chunks reach it over the slot's length, each busy
+        # rank freeing after its chunks (a stationary law insensitive to how many). Run slots are
+        # ~20x longer than quiet ones, so runs that start during a run overlap it: they
+        # cluster, where independent ranks (a binomial J) spread them. DSV4 DEP8, 128 sessions,
+        # cadence 1 (2026-12-04): P(J = 0..3) 0.953 / 0.035 / 0.010 / 0.002, simulated 0.947
+        # / 0.042 / 0.010 / 0.001 (binomial 0.936 / 0.062 / 0.002 / 0); the mean step 70.6 ms
+        # against 69.5-74.6 simulated (88.5 ms with the binomial)
+        rate = x * self.mean_full  # run chunks reaching a rank per second
+        x_quiet, mu_quiet = 0.0, per_slot
+        for _ in range(4):
+            length = iv * td + np.r_[x_quiet, x_run[1:]]
+            births = (dp - j[:-1]) * rate * length[:-1]
+            # a running rank's own arrivals queue behind its run and extend it (M/G/1 busy
+            # period, mean run / (1 - its load in the slot)): one rank conserves work exactly
+            own = np.maximum(1.0 - rate * length[1:], 1e-3)
+            pi = np.r_[1.0, np.cumprod(births / ((j[:-1] + 1) * own))]
+            pi = pi / pi.sum()
+            # the pieces the free ranks pack into run slots are masked; the rest land in quiet
+            masked = float(np.sum(pi[1:] * mu_run[1:] * (dp - j[1:]))) / dp
+            mu_quiet = max(per_slot - masked, 0.0) / max(pi[0], 1e-12)
+            x_quiet = _mean(self._packed_cdf(mu_quiet, piece) ** dp, dy)
         f_quiet = self._packed_cdf(mu_quiet, piece) ** dp
-        x_quiet = _mean(f_quiet, dy)
-        f_others = f_quiet * (1.0 - p + p * f_run) ** (dp - 1)  # the other ranks' max
-        return td + (p_run * x_run + (1.0 - p_run) * x_quiet) / iv, f_quiet, dy, f_others
+        ext = float(pi[0] * x_quiet + np.sum(pi[1:] * x_run[1:]))
+        return _SlotLaw(td + ext / iv, f_quiet, dy, pi, births, x_run,
+                        self._packed_cdf(mu_run[1], piece) ** (dp - 1))
+
+
+@dataclass
+class _SlotLaw:
+    """One evaluation of the slot picture: the mean step; the quiet slots' extension cdf on the
+    grid k·dy; the law of J (ranks on a run chunk) and its births per slot (in mean chunks per
+    run: run starts x mean chunks) from J = 0..dp-1; the mean slot extension given J; and the
+    cdf of what the other ranks pack beside a lone run."""
+
+    mean_step: float
+    f_quiet: np.ndarray
+    dy: float
+    pi: np.ndarray
+    births: np.ndarray
+    x_run: np.ndarray
+    f_pieces: np.ndarray

@@ -121,7 +121,7 @@ def expected_min(sorted_s: np.ndarray, x, weights: np.ndarray | None = None,
 
 def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt: float,
                       n: int, start_bias=None, rate_shape: float | None = None,
-                      backlog=None) -> np.ndarray:
+                      backlog=None, single_inside: bool = False) -> np.ndarray:
     """pmf on the grid k·dt of the work Y seen by a window of `window` steps when runs of
     `lengths` steps (per-step `heights`, one sample per run type, equally likely) start as a
     Poisson process of `rate_per_step` (exact compound Poisson through its Lévy measure + FFT).
@@ -137,6 +137,10 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     `backlog` (means, weights): runs already queued when the window opens, on top of the Poisson
     ones: a Poisson number of mean `means[i]` with probability `weights[i]`, each of a type drawn
     uniformly and overlapping the window fully (each run on its own, capped at the window).
+    `single_inside`: runs never overlap one another (busy periods of one server), so a window
+    starts inside at most one: with probability p = min(Λ, 1), Λ the mass of starting inside
+    (Poisson would stack a second on top with probability ~Λ² / 2), and then without a backlog
+    of its own, the run in progress holding the slots.
     """
     h = np.asarray(heights, float)
     k = np.asarray(lengths, float)
@@ -144,8 +148,38 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     share = rate_per_step / len(h)
     m = np.minimum(k, window)
     top = h * m  # largest contribution of each run
-    uni_mass = m * share * (1.0 + bias)
-    atom = (np.maximum(window - k, 0.0) + bias * np.maximum(k - window, 0.0)) * share
+    before = (m * share, np.maximum(window - k, 0.0) * share)
+    inside = (m * share * bias, bias * np.maximum(k - window, 0.0) * share)
+    size = 2 * n
+    if single_inside:
+        mass, lo, up, frac = _levy_mass(top, *before, dt, n)
+        mass_in = _levy_mass(top, *inside, dt, n)[0]
+        lam_in = float(mass_in.sum())
+        p_in = min(lam_in, 1.0)
+        z = np.fft.rfft(mass, size) - mass.sum()
+        f_in = np.fft.rfft(mass_in, size) / max(lam_in, 1e-300)
+    else:
+        mass, lo, up, frac = _levy_mass(top, before[0] + inside[0], before[1] + inside[1], dt, n)
+        z = np.fft.rfft(mass, size) - mass.sum()
+        p_in, f_in = 0.0, 0.0
+    cf = np.exp(z) if rate_shape is None else (1.0 - z / rate_shape) ** -rate_shape
+    queued = 1.0
+    if backlog is not None:
+        first = np.zeros(n)
+        np.add.at(first, lo, (1 - frac) / len(h))
+        np.add.at(first, up, frac / len(h))
+        means, weights = (np.asarray(a, float) for a in backlog)
+        zq = np.fft.rfft(first, size) - 1.0
+        queued = (weights[:, None] * np.exp(means[:, None] * zq[None, :])).sum(axis=0)
+    cf = cf * ((1.0 - p_in) * queued + p_in * f_in)
+    pmf = np.maximum(np.fft.irfft(cf, size)[:n], 0.0)
+    return pmf / max(pmf.sum(), 1e-300)
+
+
+def _levy_mass(top: np.ndarray, uni_mass: np.ndarray, atom: np.ndarray, dt: float, n: int):
+    """Lévy measure on the grid k·dt of runs contributing uniformly on [0, top] (mass
+    `uni_mass`) or exactly `top` (mass `atom`); returns it and each run's bins at `top` (lower,
+    upper, fraction in the upper)."""
     levy = np.zeros(n + 1)
     # runs narrower than a bin put their uniform part at its mean top / 2 (split between bins
     # 0 and 1): as a density over [0, top] it would cancel huge terms
@@ -170,19 +204,7 @@ def compound_shot_pmf(rate_per_step: float, heights, lengths, window: float, dt:
     up = np.minimum(lo + 1, n - 1)
     np.add.at(mass, lo, atom * (1 - frac))
     np.add.at(mass, up, atom * frac)
-    total = mass.sum()
-    size = 2 * n
-    z = np.fft.rfft(mass, size) - total
-    cf = np.exp(z) if rate_shape is None else (1.0 - z / rate_shape) ** -rate_shape
-    if backlog is not None:
-        first = np.zeros(n)
-        np.add.at(first, lo, (1 - frac) / len(h))
-        np.add.at(first, up, frac / len(h))
-        means, weights = (np.asarray(a, float) for a in backlog)
-        zq = np.fft.rfft(first, size) - 1.0
-        cf = cf * (weights[:, None] * np.exp(means[:, None] * zq[None, :])).sum(axis=0)
-    pmf = np.maximum(np.fft.irfft(cf, size)[:n], 0.0)
-    return pmf / max(pmf.sum(), 1e-300)
+    return mass, lo, up, frac
 
 
 def quantiles_from_cdf(cdf: np.ndarray, grid: np.ndarray, qs) -> np.ndarray:

@@ -316,11 +316,12 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
     floor = 0.0
     if st.slots is not None:
         # FCFS on lock-stepped ranks (model.lockstep): the short prompts packed on every rank
-        # are a floor under every admitting step, and only the runs are shots, each as tall as
-        # what it adds above the other ranks (their pieces, or their own run: the step takes
-        # the max). Unscaled: windows open preferentially inside runs, so the mean TPOT sits
-        # above the mean step. Measured on DSV4 DEP8 at 128 sessions: mean TPOT 49.4 / 29.1 ms
-        # at cadence 1 / 8 against 51.9 / 29.7 ms simulated.
+        # are a floor under every admitting step, and the shots are clusters of overlapping
+        # runs (LockstepSlots.run_shots), which never overlap one another: a window starts
+        # inside at most one (single_inside; Poisson stacking put the TPOT P99 at cadence 8
+        # +50% over the simulator, 2026-12-04). Windows open preferentially inside clusters,
+        # so the mean TPOT sits above the mean step (DSV4 DEP8, 128 sessions, cadence 1: the
+        # tokens' mean step 85 ms over a 67 ms mean step; simulated 88-94 over 70-75 ms).
         iv = eng.pol.prefill_schedule_interval
         floor_slot, full, h_eff, share_runs = st.slots.run_shots(x, st.tbar)
         floor = min(floor_slot / iv, max(mean_ext, 0.0))
@@ -344,6 +345,11 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
     # With lock-stepped DP ranks only a 1/dp share of the runs hold the budget of the window's
     # own rank: the other ranks' prefills complete (and start windows) inside them.
     bias = 1.0 + heights / st.tbar
+    if st.slots is not None:
+        # FCFS on lock-stepped ranks a step inside a run lasts td + the run's slot (the other
+        # ranks' pieces are masked in it), not the mean step plus the run: at cadence 8 the
+        # mean step holds 4x td's worth of the slots' prefill
+        bias = (st.td + floor + heights) / st.tbar
     if n_rank and eng.dp > 1:
         # Closed loop, lock-stepped ranks: another rank's long run stretches every step here,
         # so a session arriving during it decodes slowly for H = its decode steps x (td + h)
@@ -354,7 +360,7 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         # with a threshold it overcorrects, since sessions keep cycling, so it is not applied.)
         span_s = k * st.td + heights * k
         hold_s = eng.mean_o1 * (st.td + heights)
-        bias = 1.0 + heights / st.tbar * _arrivals_kept(eng.mix.z, np.minimum(span_s, hold_s))
+        bias = 1.0 + (bias - 1.0) * _arrivals_kept(eng.mix.z, np.minimum(span_s, hold_s))
     backlog = None
     if not np.isfinite(eng.pol.chunk_cap):
         bias = bias * (1.0 - 1.0 / eng.dp)
@@ -387,7 +393,8 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         if masking is None:
             y_max += 8.0 * sd * win
         dy = y_max / TPOT_GRID
-        pmf = compound_shot_pmf(lam, heights, k, win, dy, TPOT_GRID, bias, backlog=backlog)
+        pmf = compound_shot_pmf(lam, heights, k, win, dy, TPOT_GRID, bias, backlog=backlog,
+                                single_inside=st.slots is not None)
         y = np.arange(TPOT_GRID) * dy
         if masking is not None:
             pmf, dy = _lockstep_masked(pmf, y, win, eng.pol.prefill_schedule_interval,

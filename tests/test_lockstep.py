@@ -8,17 +8,34 @@ from model.queueing import expected_max_poisson
 
 
 def test_one_rank_is_the_work_conservation_law():
-    # One rank: every extension is paid once, so the map is td + x t E[ext] per step whatever
-    # the mix of runs and short prompts (research/theory.md 1.1: the mean step is the decode
-    # step plus the prefill work per step).
+    # One rank: every extension is paid once, so the mean step solves t = td + x t E[ext]
+    # whatever the mix of runs and short prompts (research/theory.md 1.1: the mean step is the
+    # decode step plus the prefill work per step), t = td / (1 - x E[ext]).
+    from model.serving import _mean_step
+
     rng = np.random.default_rng(0)
     full = rng.integers(0, 4, 3000).astype(float)
     full_ext = np.where(full > 0, rng.uniform(0.2, 1.0, 3000), 0.0)
     last = rng.uniform(0.0, 0.05, 3000)
     slots = LockstepSlots(full, full_ext, last, td=0.02, interval=1, dp=1)
-    x, t = 0.5, 0.05
-    expected = 0.02 + x * t * float(np.mean(full * full_ext + last))
-    assert slots.mean_step(x, t) == pytest.approx(expected, rel=0.01)
+    x = 0.5
+    expected = 0.02 / (1.0 - x * float(np.mean(full * full_ext + last)))
+    got = _mean_step(x, 0.0, 0.0, 0.02, 1, 1, True, slots)
+    assert got == pytest.approx(expected, rel=1e-4)
+
+
+def test_runs_on_two_ranks_cluster_as_the_birth_death_chain_says():
+    # Two ranks, every request one run chunk of extension h = 0.5 s, no short pieces, td 20 ms,
+    # x = 1 request/s per rank. J (ranks on a run) moves up at (2 - J) x L(J) per slot, L(0) =
+    # td, L(1) = L(2) = td + h (arrivals over the slot's length), and down at J (1 - x L(J))
+    # (a busy rank's own arrivals queue behind its run). By hand: pi1 / pi0 = 2 (0.02) / 0.48,
+    # pi2 / pi1 = 0.52 / (2 x 0.48), so pi = (0.886154, 0.073846, 0.040000) and the mean step
+    # is td + (pi1 + pi2) h = 0.076923 s. Independent ranks (a binomial J at the same rate)
+    # would give t = td + (2t - t^2) h, i.e. 0.2 s: runs that start while another holds the
+    # slots overlap it and cost nothing more.
+    n = 1000
+    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2)
+    assert slots.mean_step(1.0, 0.05) == pytest.approx(0.076923, rel=1e-3)
 
 
 def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():

@@ -74,6 +74,22 @@ def test_compound_shot_runs_narrower_than_a_bin_keep_campbells_mean():
     assert mean == pytest.approx(lam * h * k * w, rel=0.01)
 
 
+def test_a_window_starts_inside_at_most_one_run_when_runs_never_overlap():
+    # One run type (height 1 per step, 1,000 steps) at 0.001 runs per step, a window of 100
+    # steps, windows starting inside a run weighted 0.3. Lévy masses by hand: starting before
+    # a run, 100 x 0.001 = 0.1 (uniform overlap); starting inside, 0.3 x 0.001 x 1,000 = 0.3
+    # (0.03 uniform, 0.27 full). Poisson: P(Y = 0) = exp(-0.4) = 0.67032. Runs that never
+    # overlap (busy periods): inside one with probability 0.3 at most, P(Y = 0) = exp(-0.1) x
+    # 0.7 = 0.63339, and the mean is unchanged: 0.1 x 50 + 0.03 x 50 + 0.27 x 100 = 33.5.
+    dt, n = 0.01, 2**16  # a grid to 655: Poisson's stacks of three and more stay on it
+    y = np.arange(n) * dt
+    poisson = compound_shot_pmf(0.001, [1.0], [1000.0], 100.0, dt, n, [0.3])
+    single = compound_shot_pmf(0.001, [1.0], [1000.0], 100.0, dt, n, [0.3], single_inside=True)
+    assert poisson[0] == pytest.approx(math.exp(-0.4), abs=1e-4)
+    assert single[0] == pytest.approx(math.exp(-0.1) * 0.7, abs=1e-4)
+    assert float(np.sum(single * y)) == pytest.approx(33.5, rel=1e-3)
+
+
 def test_idle_engine_ttft_is_one_prefill_step_and_tpot_one_decode_step():
     # fixed 1k/1k at a vanishing rate: TTFT = a + b*1024 (+ c for the decode slot the model
     # always reserves) = 0.01 + 0.02048 + 0.0001; TPOT = a + c*1 = 0.0101
