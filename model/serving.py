@@ -928,6 +928,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         st = _solve_rate(eng, x, ca2, None)
         if st.reason:
             return _unstable(st.reason, hit, policy)
+        eng.seen_ratio = _seen_ratio(eng, st, x, None)  # the running set, the concurrency
 
     # admission limit: running requests per rank (max_num_seqs, KV pool)
     r_run = _run_time(eng, st)

@@ -295,6 +295,13 @@ PREFACE = (
     "rate early in a run), and the closed form floors a lock-stepped decode step at one "
     "sequence on the replica, not one per rank (DEP8 TPOT P50 at 32 sessions: +13.4% -> "
     "-0.9%). "
+    "Since 2026-12-04 also, on lock-stepped FCFS ranks the runs cluster (a run that starts "
+    "while another holds the slots overlaps it: the ranks on a run chunk follow a birth-death "
+    "chain, not a binomial; the mean step at 128 sessions, cadence 1, went from 88.5 to "
+    "69.3 ms, simulated ~72 ms), the TPOT law's shots are those clusters, one at a time, and "
+    "the closed loop times decodes at the step they see, not the mean step (85 against 67 ms "
+    "there; TPGS +10% -> +4.5%): DEP8 n128 cadence-1 TPOT P50 +27.6% -> -2.0%, cadence-8 "
+    "TPOT P99 +24.4% -> +10.1%. "
     "`pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
@@ -350,25 +357,15 @@ _REASONS = (
      "cadence 8 this took the P50 from +4% to +11%); a count that fluctuates inside the window "
      "(Poisson) brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
     ("dsv4-dep8", "ttft",
-     "eight lock-stepped ranks, 128 sessions at cadence 8 (and the threshold row's P99): the "
-     "closed form's TTFT tail sits high. Its first-step mixture now thins arrivals during "
+     "eight lock-stepped ranks, 128 sessions at cadence 8: the closed form's TTFT P99 sits "
+     "high (FCFS +19.4%, threshold +17.8%). Its first-step mixture thins arrivals during "
      "another rank's run (sessions stall while every step is stretched; 2026-12-04), which "
-     "took the FCFS P50s from +13..+51% to -10..+3% and the cadence-1 P90s within 7%: at "
-     "n128-t0-iv1 it finds another rank mid-run at 57% of arrivals (64% before; simulated 49%, "
-     "seed 4, 4,000 s, where runs also cluster: 51% of arrivals see none against 42% for "
-     "independent ranks at the simulated share). What is left at cadence 8 is the wait law's: "
-     "on one rank the same finite-source law reads 11% above a queue whose decodes stop during "
-     "prefill, as the engine's do (AgentX, 6 seeds, 2026-12-04), and the simulated load swings "
-     "with the heavy sessions in play (TTFT P50 0.36-0.65 s between 1,200 s windows of one "
-     "run). Not yet separated"),
-    ("dsv4-dep8-pop64-n128-t0", "tpot",
-     "FCFS on eight lock-stepped ranks at 128 sessions: prefill steps take about 70% of the "
-     "time (68% in the closed form), so a window's TPOT is set by how many other ranks' runs "
-     "land in it; the closed form draws them as independent Poisson runs per rank, while the "
-     "simulated runs cluster in time: no rank prefills in 28.4% of the time where independent "
-     "ranks at the simulated share (17.5% each) would leave 21.4% (n128-t0-iv1, seed 4, "
-     "4,000 s, 2026-12-04), and arrivals summed over the ranks are overdispersed (variance / "
-     "mean of 20 s counts 2.5-6.3). The clustering is not modelled yet"),
+     "took the FCFS P50s from +13..+51% to -12..+4% and the cadence-1 P90s within 7%, and the "
+     "run clusters (model.lockstep) took the FCFS cadence-8 P90 / P99 from +15.7 / +25.7% to "
+     "+10.2 / +19.4%. What is left is the wait law's: on one rank the same finite-source law "
+     "reads 11% above a queue whose decodes stop during prefill, as the engine's do (AgentX, "
+     "6 seeds, 2026-12-04), and the simulated load swings with the heavy sessions in play "
+     "(TTFT P50 0.36-0.65 s between 1,200 s windows of one run). Not yet separated"),
 )
 
 
