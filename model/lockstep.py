@@ -52,13 +52,15 @@ class LockstepSlots:
     full chunk)."""
 
     def __init__(self, full: np.ndarray, full_ext: np.ndarray, last_ext: np.ndarray,
-                 td: float, interval: int, dp: int):
+                 td: float, interval: int, dp: int, shared: np.ndarray | None = None):
         # the whole mix: an evenly strided subsample of a session-ordered mix is biased (4,000
         # of 5,242 AgentX turns put 5% more run chunks in and the step 8% higher)
         self.full = np.asarray(full, float)
         self.full_ext = np.asarray(full_ext, float)
         self.last = np.asarray(last_ext, float)
         self.td, self.interval, self.dp = td, interval, dp
+        # what j run chunks on j ranks add over the tallest (the expert group sees them all)
+        self.shared = np.zeros(dp + 1) if shared is None else np.asarray(shared, float)
         self.mean_full = float(self.full.mean())
         self.run_w = self.full / max(float(self.full.sum()), 1e-300)
         self.last_mean = float(self.last.mean())
@@ -101,8 +103,11 @@ class LockstepSlots:
         clusters' mean is the slots' (2026-12-04: independent shots of each run's excess over
         the others, the clustering's mean but not its bursts, put the TPOT P90 44% short)."""
         sl = self._slots(x, t)
-        floor = _mean(sl.f_quiet, sl.dy)
         pi, starts = sl.pi, sl.pi[:-1] * sl.births
+        # the quiet slots' pieces under every slot, but never above the mean slot (near
+        # saturation the rare quiet slots pile up every piece)
+        mean_slot = (sl.mean_step - self.td) * self.interval
+        floor = min(_mean(sl.f_quiet, sl.dy), mean_slot)
         busy = 1.0 - pi[0]
         opens = float(starts[0] / max(float(starts.sum()), 1e-300))  # runs that open one
         stretch = busy / max(float(starts[0]), 1e-300)  # mean busy period / mean run
@@ -115,7 +120,7 @@ class LockstepSlots:
         above = np.r_[0.0, np.cumsum(f_above) * sl.dy]
         runs = self.full >= 1
         h_eff = np.interp(self.full_ext[runs] / sl.dy, np.arange(GRID + 1), above)
-        extra = float(np.sum(pi[1:] * sl.x_run[1:])) - busy * floor
+        extra = mean_slot - floor  # the clusters' share of the mean slot
         per_slot = depth * float(np.sum(self.full[runs] * h_eff)) / max(
             float(self.full[runs].sum()), 1e-300)
         scale = extra / per_slot if per_slot > 0 else 0.0
@@ -139,7 +144,8 @@ class LockstepSlots:
             x_run[n] = _mean(f_run ** n, dy)
             for _ in range(3):  # a run slot draws arrivals over its own length
                 mu_run[n] = x * (iv * td + x_run[n])
-                x_run[n] = _mean(f_run ** n * self._packed_cdf(mu_run[n], piece) ** (dp - n), dy)
+                x_run[n] = _mean(f_run ** n * self._packed_cdf(mu_run[n], piece) ** (dp - n),
+                                 dy) + self.shared[n]
         # J, the ranks on a run chunk, is a birth-death chain in slots: each of the dp - J free
         # ranks starts runs at the rate run chunks reach it over the slot's length, each busy
         # rank freeing after its chunks (a stationary law insensitive to how many). Run slots are
@@ -149,7 +155,7 @@ class LockstepSlots:
         # / 0.042 / 0.010 / 0.001 (binomial 0.936 / 0.062 / 0.002 / 0); the mean step 70.6 ms
         # against 69.5-74.6 simulated (88.5 ms with the binomial)
         rate = x * self.mean_full  # run chunks reaching a rank per second
-        x_quiet, mu_quiet = 0.0, per_slot
+        x_quiet = 0.0
         for _ in range(4):
             length = iv * td + np.r_[x_quiet, x_run[1:]]
             births = (dp - j[:-1]) * rate * length[:-1]
@@ -158,9 +164,14 @@ class LockstepSlots:
             own = np.maximum(1.0 - rate * length[1:], 1e-3)
             pi = np.r_[1.0, np.cumprod(births / ((j[:-1] + 1) * own))]
             pi = pi / pi.sum()
-            # the pieces the free ranks pack into run slots are masked; the rest land in quiet
-            masked = float(np.sum(pi[1:] * mu_run[1:] * (dp - j[1:]))) / dp
-            mu_quiet = max(per_slot - masked, 0.0) / max(pi[0], 1e-12)
+            # pieces: a free rank packs its arrivals in the next slot (masked in a run slot); a
+            # busy rank's wait behind its run and come out as it frees, into a quiet slot only
+            # if it was the last one running (else masked). Sending them all to quiet slots
+            # piled every piece into the rare quiet slots near saturation
+            frees = pi[1:] * j[1:] * own  # per-rank death flux from J = 1..dp
+            last = float(frees[0] / max(float(frees.sum()), 1e-300))
+            queued = x * float(np.sum(pi[1:] * j[1:] * length[1:])) / dp
+            mu_quiet = x * length[0] + last * queued / max(pi[0], 1e-12)
             x_quiet = _mean(self._packed_cdf(mu_quiet, piece) ** dp, dy)
         f_quiet = self._packed_cdf(mu_quiet, piece) ** dp
         ext = float(pi[0] * x_quiet + np.sum(pi[1:] * x_run[1:]))

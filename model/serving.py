@@ -495,7 +495,8 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
             full = k - (eng.last_rem > 0)
             slots = LockstepSlots(full, np.where(full > 0, (ext - eng.last_ext_rem)
                                                  / np.maximum(full, 1.0), 0.0),
-                                  eng.last_ext_rem, td, interval, eng.dp)
+                                  eng.last_ext_rem, td, interval, eng.dp,
+                                  _shared_chunk_cost(eng, rate, b))
         tbar = _mean_step(x, float(k.mean()), float(ext.mean()), td, interval, eng.dp,
                           np.isinf(cap), slots)
         prev_tbar = tbar
@@ -617,6 +618,17 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         st.run_offsets, st.run_weights = run_offsets, run_weights
         st.queue_base = q_service - run_h
     return st
+
+
+def _shared_chunk_cost(eng: _Engine, chunk: float, b: float) -> np.ndarray:
+    """Seconds j full chunks on j lock-stepped ranks add over one (j = 0..dp): attention runs
+    per rank, so the busiest sets it, but the expert group sees every rank's tokens (DSV4 DEP8
+    on B300: ~42 ms per further 8K chunk, whatever the context)."""
+    j = np.arange(1, eng.dp + 1, dtype=float)
+    one = float(eng.t(chunk, eng.c_d, b))
+    many = np.asarray(eng.sm.step_time_s(j * chunk, eng.c_d, eng.dp * b, eng.c_d, j,
+                                         prefill_ranks=j), float)
+    return np.r_[0.0, np.maximum(many - one, 0.0)]
 
 
 def _merge_probability(room: np.ndarray, last_chunk: np.ndarray) -> np.ndarray:

@@ -42,12 +42,17 @@ def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
     # Only short prompts (no runs), all of extension h: a rank packs a Poisson(mu) number per
     # admitting step, mu = x (interval td + extension), and the lock-stepped step waits for the
     # busiest of the 8 ranks: h E[max of 8 Poisson(mu)] per admitting step (a closed form,
-    # model.serving.expected_max_poisson), spread over `interval` steps.
-    n, h, td, iv, x, t = 2000, 0.1, 0.02, 8, 0.3, 0.05
+    # model.serving.expected_max_poisson), spread over `interval` steps. At the fixed point the
+    # slot is interval x the mean step t, so t = td + h E[max of 8 Poisson(x t interval)] /
+    # interval, solved here by plain iteration.
+    from model.serving import _mean_step
+
+    n, h, td, iv, x = 2000, 0.1, 0.02, 8, 0.3
     slots = LockstepSlots(np.zeros(n), np.zeros(n), np.full(n, h), td=td, interval=iv, dp=8)
-    mu = x * t * iv
-    expected = td + h * expected_max_poisson(mu, 8) / iv
-    assert slots.mean_step(x, t) == pytest.approx(expected, rel=0.02)
+    t = td
+    for _ in range(200):
+        t = td + h * expected_max_poisson(x * t * iv, 8) / iv
+    assert _mean_step(x, 0.0, 0.0, td, iv, 8, True, slots) == pytest.approx(t, rel=0.02)
 
 
 def test_own_chunk_masks_the_other_ranks_below_it():
