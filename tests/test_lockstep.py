@@ -36,6 +36,12 @@ def test_runs_on_two_ranks_cluster_as_the_birth_death_chain_says():
     n = 1000
     slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2)
     assert slots.mean_step(1.0, 0.05) == pytest.approx(0.076923, rel=1e-3)
+    # the expert group sees both chunks: 40 ms more when two ranks run (L(2) = 0.56 s). By
+    # hand: pi2 / pi1 = 0.52 / (2 x 0.44), pi = (0.882943, 0.073579, 0.043478), mean step
+    # 0.02 + 0.073579 x 0.5 + 0.043478 x 0.54 = 0.080268 s
+    shared = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2,
+                           shared=np.array([0.0, 0.0, 0.04]))
+    assert shared.mean_step(1.0, 0.05) == pytest.approx(0.080268, rel=1e-3)
 
 
 def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
