@@ -92,6 +92,17 @@ class LockstepSlots:
         fixed point in the step time)."""
         return self._slots(x, t).mean_step
 
+    def others_above_own(self, x: float, t: float) -> float:
+        """Mean extension a slot adds above a running rank's own chunk (the other ranks' runs
+        and pieces it does not mask, and the expert group's share of theirs): J taken as a
+        running rank sees it (size-biased)."""
+        sl = self._slots(x, t)
+        j = np.arange(1, self.dp + 1)
+        w = sl.pi[1:] * j
+        seen = float(np.sum(w * sl.x_run[1:])) / max(float(w.sum()), 1e-300)
+        own = float(np.sum(self.run_w * self.full_ext))
+        return max(seen - own, 0.0)
+
     def run_shots(self, x: float, t: float):
         """For the TPOT law at mean step `t`: (quiet floor per admitting slot, chunks per
         cluster, each cluster's extension per chunk, share of requests that open a cluster).

@@ -543,8 +543,16 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         run_offsets, run_weights, run_h = _run_mixture(x, td, own_steps * t_lock + ext, ext, k,
                                                        interval, eng.dp, busy,
                                                        mix.z if n_sessions else None)
+        # each further own chunk holds a slot: on lock-stepped FCFS ranks what the others add
+        # above it (their runs and pieces beyond its height), not their mean extension on top
+        # (that put the slots of a run 1.4 s long against ~0.8 s simulated at cadence 8, 256
+        # sessions, and the cadence-8 TTFT P90 / P99 at 128 sessions +9.6 / +18.6%)
+        slot = interval * t_lock
+        if slots is not None:
+            slot = interval * td + slots.others_above_own(x, tbar)
+
         def service_of(k_, ext_):  # first step, the other own steps, the chunks' extensions
-            return td + run_h + interval * (np.maximum(k_, 1.0) - 1.0) * t_lock + ext_
+            return td + run_h + (np.maximum(k_, 1.0) - 1.0) * slot + ext_
 
         service = service_of(k, ext)
         # the wait law's own sample (_Engine.queue)

@@ -42,6 +42,10 @@ def test_runs_on_two_ranks_cluster_as_the_birth_death_chain_says():
     shared = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2,
                            shared=np.array([0.0, 0.0, 0.04]))
     assert shared.mean_step(1.0, 0.05) == pytest.approx(0.080268, rel=1e-3)
+    # what a running rank's slot holds above its own chunk: with equal chunks only the expert
+    # share, when the other runs too (J seen size-biased): 2 pi2 x 0.04 / (pi1 + 2 pi2)
+    # = 0.086956 x 0.04 / 0.160535 = 0.021667 s
+    assert shared.others_above_own(1.0, 0.05) == pytest.approx(0.021667, rel=1e-2)
 
 
 def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():

@@ -216,12 +216,13 @@ def test_dep8_lockstep_fcfs_against_long_simulations():
     # cadence 1, at 88.5 ms against ~72 ms simulated); clusters are the TPOT law's shots, one at
     # a time (single_inside); the closed loop times decodes at the step they see (85 ms there).
     # TPOT P50 / P90 / P99 at 128 sessions, cadence 1: +27.6 / +4.1 / -3.2% before, -3.7 /
-    # -4.1 / +3.9% after; cadence 8: +3.7 / +4.8 / +24.4% -> +5.2 / +3.2 / +13.4% (runs on
+    # -4.1 / +4.0% after; cadence 8: +3.7 / +4.8 / +24.4% -> +5.5 / +3.0 / +11.7% (runs on
     # several ranks also pay the expert group's share of each further chunk); TPGS at cadence 1
-    # +4.4% -> +4.6% (+10.3% with the clusters but decodes timed at the mean step). The
-    # first-step mixture thins arrivals during another rank's run: TTFT P50 at cadence 1,
-    # 128 / 32 sessions, -5.1 / +2.7%. The cadence-8 TTFT P99 still parts (+18.6%): high,
-    # never low.
+    # +4.4% -> +4.5% (+10.3% with the clusters but decodes timed at the mean step). A prompt's
+    # further chunks hold slots as long as what the other ranks add above its own chunk: the
+    # cadence-8 TTFT P90 / P99 went from +15.7 / +25.7% (the others' mean extension on top) to
+    # -6.7 / -3.4%. The first-step mixture thins arrivals during another rank's run: TTFT P50
+    # at cadence 1, 128 / 32 sessions, -4.6 / +2.6%.
     import pandas as pd
 
     from model.serving_agreement import SIMS, compare
@@ -233,7 +234,7 @@ def test_dep8_lockstep_fcfs_against_long_simulations():
     for name in (iv8, n128):
         assert abs(d[(name, "tpgs")]) < 0.06, d
         assert all(abs(d[(name, f"tpot_{q}")]) < 0.15 for q in ("p50", "p90", "p99")), d
-    assert all(0.0 < d[(iv8, f"ttft_{q}")] < 0.25 for q in ("p90", "p99")), d
+    assert abs(d[(iv8, "ttft_p90")]) < 0.10 and abs(d[(iv8, "ttft_p99")]) < 0.10, d
     for name in (n128, n32):
         assert abs(d[(name, "ttft_p50")]) < 0.10 and abs(d[(name, "ttft_p90")]) < 0.10, d
 
