@@ -67,6 +67,7 @@ class LockstepSlots:
         self.last_m2 = float(np.mean(self.last**2))
         self.top = max(float(self.full_ext.max()), float(self.last.max()), 1e-12)
         self._cached = None
+        self._law = None  # the last (x, t) and its _SlotLaw: the solver and the TPOT law ask twice
 
     def _grid(self, y_max: float):
         """(dy, run-height cdf, piece transform) on a grid kept while it reaches y_max: a
@@ -126,8 +127,7 @@ class LockstepSlots:
         # covered share is the busy share (depth -ln pi0, a Boolean model), each cluster adding
         # what it holds above the other clusters covering the slot (the step takes the taller)
         depth = -np.log(max(float(pi[0]), 1e-300))
-        _, f_run, _ = self._grid(0.0)
-        f_above = sl.f_pieces * np.exp(-depth * (1.0 - f_run))
+        f_above = sl.f_pieces * np.exp(-depth * (1.0 - sl.f_run))
         above = np.r_[0.0, np.cumsum(f_above) * sl.dy]
         runs = self.full >= 1
         h_eff = np.interp(self.full_ext[runs] / sl.dy, np.arange(GRID + 1), above)
@@ -140,6 +140,11 @@ class LockstepSlots:
                 float(runs.mean()) * opens * boolean)
 
     def _slots(self, x: float, t: float) -> _SlotLaw:
+        if self._law is None or self._law[0] != (x, t):
+            self._law = ((x, t), self._slot_law(x, t))
+        return self._law[1]
+
+    def _slot_law(self, x: float, t: float) -> _SlotLaw:
         dp, iv, td = self.dp, self.interval, self.td
         p = min(x * self.mean_full * t * iv, 0.999)  # a rank holds a run chunk in a slot
         per_slot = x * t * iv  # last pieces reaching a rank per slot, on average
@@ -187,15 +192,16 @@ class LockstepSlots:
         f_quiet = self._packed_cdf(mu_quiet, piece) ** dp
         ext = float(pi[0] * x_quiet + np.sum(pi[1:] * x_run[1:]))
         return _SlotLaw(td + ext / iv, f_quiet, dy, pi, births, x_run,
-                        self._packed_cdf(mu_run[1], piece) ** (dp - 1))
+                        self._packed_cdf(mu_run[1], piece) ** (dp - 1), f_run)
 
 
 @dataclass
 class _SlotLaw:
     """One evaluation of the slot picture: the mean step; the quiet slots' extension cdf on the
     grid k·dy; the law of J (ranks on a run chunk) and its births per slot (in mean chunks per
-    run: run starts x mean chunks) from J = 0..dp-1; the mean slot extension given J; and the
-    cdf of what the other ranks pack beside a lone run."""
+    run: run starts x mean chunks) from J = 0..dp-1; the mean slot extension given J; the
+    cdf of what the other ranks pack beside a lone run; and the run chunks' height cdf (chunk
+    weighted)."""
 
     mean_step: float
     f_quiet: np.ndarray
@@ -204,3 +210,4 @@ class _SlotLaw:
     births: np.ndarray
     x_run: np.ndarray
     f_pieces: np.ndarray
+    f_run: np.ndarray

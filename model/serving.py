@@ -818,7 +818,7 @@ def _closed_rate(eng: _Engine, n: float, ca2: float, near: float | None = None
         if f_hi <= 0:
             lo = hi
     else:
-        lo, f_lo, hi, f_hi = _bracket(excess, near, 0.003)
+        lo, f_lo, hi, f_hi = _bracket(excess, near)
     side = 0
     for _ in range(60):
         if hi - lo < 2e-4 * hi:
@@ -846,7 +846,7 @@ def _closed_rate(eng: _Engine, n: float, ca2: float, near: float | None = None
     return lo, st
 
 
-def _bracket(excess, near: float, width: float = 0.02):
+def _bracket(excess, near: float, width: float = 0.003):
     """(lo, f(lo), hi, f(hi)) with f(lo) <= 0 < f(hi) around `near`, widening the step
     2x at a time (from `width` x near)."""
     f = excess(near)
@@ -1017,20 +1017,25 @@ def _seen_ratio(eng: _Engine, st: _State, x: float, n_rank: float) -> float:
     return _seen_step(st, dists) / st.tbar if dists else 1.0
 
 
+def _window_means(st: _State, dists):
+    """(window, weight, mean TPOT per decode step) of each window bin of the TPOT law."""
+    return [(win, wt, st.td_seen + float(np.sum(pmf * y) / pmf.sum()) / win)
+            for win, wt, y, pmf, _ in dists]
+
+
 def _seen_step(st: _State, dists) -> float:
     """Token-weighted mean step over the TPOT law's window bins."""
-    work = sum(wt * (win * st.td_seen + float(np.sum(pmf * y) / pmf.sum()))
-               for win, wt, y, pmf, _ in dists)
-    return work / max(sum(wt * win for win, wt, _, _, _ in dists), 1e-300)
+    bins = _window_means(st, dists)
+    return sum(wt * win * m for win, wt, m in bins) / max(sum(wt * win for win, wt, _ in bins),
+                                                          1e-300)
 
 
 def _mean_tpot(st: _State, dists) -> float:
     """Mean TPOT over requests (per decode step) of the TPOT law."""
     if not dists:
         return float(st.tbar + st.td_seen - st.td)
-    total = sum(wt for _, wt, _, _, _ in dists)
-    return sum(wt / total * (st.td_seen + float(np.sum(pmf * y) / pmf.sum()) / win)
-               for win, wt, y, pmf, _ in dists)
+    bins = _window_means(st, dists)
+    return sum(wt * m for _, wt, m in bins) / sum(wt for _, wt, _ in bins)
 
 
 def _as_mix(rm: RequestMix, load: Load) -> _Mix:
