@@ -496,7 +496,7 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
             slots = LockstepSlots(full, np.where(full > 0, (ext - eng.last_ext_rem)
                                                  / np.maximum(full, 1.0), 0.0),
                                   eng.last_ext_rem, td, interval, eng.dp,
-                                  _shared_chunk_cost(eng, rate, b))
+                                  _shared_chunk_cost(eng, rate, b), eng.last_rem, rate)
         tbar = _mean_step(x, float(k.mean()), float(ext.mean()), td, interval, eng.dp,
                           np.isinf(cap), slots)
         prev_tbar = tbar

@@ -110,3 +110,24 @@ def test_lockstep_window_sees_a_lone_run_whole_and_piles_masked():
     assert len(pmf) == TPOT_GRID and pmf.sum() == pytest.approx(1.0)
     seen = np.flatnonzero(pmf) * dy
     assert seen == pytest.approx([0.0, one_run, 696 / 512 * win / iv * c], abs=dy)
+
+
+def test_queue_behind_a_run_fills_full_slots():
+    # Chunk 8 tokens; one request in four is a run (one full chunk), every prompt ends in a
+    # 4-token piece. Behind a run its rank queues its own 4-token piece and N ~ Poisson(m)
+    # prompts' pieces: 4 + 4N tokens go out 8 a slot, floor((N + 1) / 2) full slots that the
+    # per-prompt count (0 each) misses. By hand at m = 1: sum_N e^-1 / N! floor((N + 1) / 2)
+    # = e^-1 (1 + 1/2 + 2/6 + 2/24 + 3/120 + 3/720 + 4/5040 + ...) = 0.716166, a quarter of
+    # that per request.
+    from math import exp, factorial
+
+    from model.lockstep import _MergeLaw
+
+    law = _MergeLaw(np.array([1.0, 0.0, 0.0, 0.0]), np.full(4, 4.0), chunk=8.0)
+    by_hand = sum(exp(-1.0) / factorial(n) * ((n + 1) // 2) for n in range(40))
+    assert by_hand == pytest.approx(0.716166, abs=1e-6)
+    assert law.extra(1.0) == pytest.approx(by_hand / 4.0, rel=1e-4)
+    # a run of two chunks queues twice the arrivals (m = 2 for the same rate per chunk)
+    two = _MergeLaw(np.array([2.0, 0.0, 0.0, 0.0]), np.full(4, 4.0), chunk=8.0)
+    by_hand2 = sum(exp(-2.0) * 2.0**n / factorial(n) * ((n + 1) // 2) for n in range(60))
+    assert two.extra(1.0) == pytest.approx(by_hand2 / 4.0, rel=1e-4)
