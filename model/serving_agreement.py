@@ -308,6 +308,11 @@ PREFACE = (
     "times decodes at the step they see, not the mean step (85 against 67 ms there; TPGS "
     "+10% -> +4.5%): DEP8 n128 cadence-1 TPOT P50 +27.6% -> -3.7%, cadence-8 TPOT P99 +24.4% "
     "-> +11.7% and TTFT P90 / P99 +15.7 / +25.7% -> -6.7 / -3.4%. "
+    "Since 2026-12-05 the queue behind a run on its rank fills full slots (its last piece and "
+    "the prompts that reached the rank meanwhile go out a chunk a slot; run chunks per request "
+    "+0.042 at 256 DEP8 sessions, simulated +0.037), and in a closed loop the sessions decoding "
+    "when a long prompt starts arrive behind it after their decode, at the pace its chunks "
+    "leave (the idle sessions alone had the DEP8 TTFT P90 at 256 sessions -31.8%, now +8.9%). "
     "`pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
@@ -328,13 +333,13 @@ CF_SEEDS = 5  # request-mix seeds of the closed form's own spread in the report
 # why an entry parts: (scenario substring, metric prefix, reason); first match wins
 _REASONS = (
     ("", "e2e",
-     "E2E normalized interactivity (1 / P90 of E2EL / OSL): the closed form pairs each output "
-     "bin with its own requests' TTFT law (long prompts come with long outputs) but takes TTFT "
-     "and the decode window's steps as independent within a bin. These rows part as far with "
-     "turns drawn independently (10 runs each, 2026-12-04: pop16-n48 -19.2%, pop16-n16-t512 "
-     "-11.1%, sample-n32-t512 +17.5%), so not session correlation, and pop16-n16-t512 agrees on "
-     "every TTFT and TPOT percentile: the pairing within a bin is the likely gap, not yet "
-     "explained"),
+     "E2E normalized interactivity (1 / P90 of E2EL / OSL) follows the TTFT and TPOT tails: "
+     "pop16-n48 with its TTFT P90, sample-n32-t512 with its short TPOT tail (P90 -14.6%), "
+     "pop16-n16-t512 with TPOT 7-8% long in the 100-400-token windows that set it (11.1 "
+     "against 10.4 ms; 2026-12-05). Not the pairing: shuffling TTFT among the simulated "
+     "requests of each of 40 output bins moves the simulated metric by +0.4% (pop16-n16-t512) "
+     "and -0.4% (sample-n32-t512), and -8% on pop16-n48 (one run each, 6,000 s, 2026-12-05); "
+     "splitting each output bin in four for TTFT / OSL moved the closed form by under 0.5%"),
     ("agentx-sample-", "tpot",
      "threshold mode on the 20 recorded sessions: the closed form's TPOT tail is short at 32 "
      "lanes (P90 -13.0%, P99 -20.1% over 10 runs of 30,000 s) and at P99 at 16 lanes (-12.9%), "
@@ -354,7 +359,9 @@ _REASONS = (
      "+33.1% over 10 runs of 24,000 s (+21.6% before lanes started in turn-weighted sessions, "
      "2026-12-04); with turns drawn independently +10.7% (CV 31%, within "
      "its noise); the 64-session population at 48 lanes agrees (+8.1%), fresh sessions too "
-     "(agentx-n48 -1.5%). Not yet explained"),
+     "(agentx-n48 -1.5%). The sessions decoding when a long prompt starts, which now arrive "
+     "behind it (2026-12-05), took it from +29.9% to +40.8% (agentx-n48 -5.9% -> -3.5%, "
+     "pop64-n48 +9.5% -> +13.4%). Not yet explained"),
     ("-t512-iv", "tpot",
      "threshold mode on eight lock-stepped ranks: a window's runs cost what the busiest rank "
      "holds, taken at the window's mean count of chunks (since 2026-12-03; the shot law had "
@@ -364,15 +371,22 @@ _REASONS = (
      "against the runs of 2026-12-04); a count that fluctuates inside the window (Poisson) "
      "brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
     ("dsv4-dep8-pop64-n256-t0", "ttft",
-     "FCFS on eight lock-stepped ranks at 256 sessions, cadence 8: the TTFT reads low (P50 "
-     "-18.3%, P90 -33.4%) while TPGS and TPOT agree. A prompt's further chunks each hold a "
-     "slot as long as what the other ranks add above its own chunk (2026-12-04; adding their "
-     "mean extension on top had put these +13.2% at P90 and +30.3% at P99, and the 128-session "
-     "row +9.6 / +18.6%, which now agrees), so the wait law rests on how busy the chain says "
-     "the ranks are, and at 256 sessions it says too little: no rank on a run chunk in 34% of "
-     "the slots against 23% simulated (seed 1, 4,000 s); the simulated runs also hold 10% more "
-     "chunk slots per request (0.41 against 0.37: a prompt starting in the room another left "
-     "needs one more slot). Not yet modelled"),
+     "FCFS on eight lock-stepped ranks at 256 sessions, cadence 8: the first admitting step is "
+     "short. Prompts up to 2K tokens that find their rank idle get their first token after "
+     "0.49 / 0.85 / 1.17 / 1.44 / 1.66 s (P10 / P25 / P50 / P75 / P90, simulated, seed 1, "
+     "2026-12-05) against 0.24 / 0.41 / 0.83 / 1.15 / 1.38 s: at 256 sessions 77% of admitting "
+     "slots hold a run, and the first-step mixture draws the run's height from every prompt's "
+     "chunks (short ones included), not from the slots' tallest rank. Taking it from the chain's "
+     "slots (model.lockstep) put this P50 at +6.9% but the cadence-1 P50 at 128 sessions at "
+     "+21% (those arrivals' own step is often quiet again), so it was not adopted"),
+    ("dsv4-dep8-pop64-n256-t0", "tpot",
+     "FCFS on eight lock-stepped ranks at 256 sessions, cadence 8: the TPOT law is too wide "
+     "(simulated P50 / P90 / P99 43.3 / 54.2 / 70.6 ms, seed 1, 4,000 s; the closed form "
+     "reads the P50 low and the P90 / P99 6-8% high). Runs cover ~75% of the slots there, so "
+     "the clusters of the shot law overlap nearly all the time, and a window's mean varies "
+     "less than independent clusters give. At -11.4% before the queue behind a run filled "
+     "full slots (2026-12-05), which set the mean step right (103.9 against 106.2 ms) and left "
+     "the law's width as it was"),
     ("dsv4-dep8", "ttft",
      "threshold mode on eight lock-stepped ranks at cadence 8: the closed form's TTFT P99 "
      "sits high (+17.8% at 128 sessions, +15.7% at 256). Its first-step mixture thins arrivals "

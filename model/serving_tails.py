@@ -121,7 +121,8 @@ def _wait_law(st: _State, admit_wait: float):
         + 40.0 * st.wait_mean / max(st.rho_p, 0.05)
     dt = t_max / TTFT_GRID
     if st.gaps is not None:
-        wait, busy = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID, st.gaps, st.x)
+        wait, busy = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID, st.gaps, st.x,
+                                  st.decoding)
     else:
         wait, busy = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID)
     grid = np.arange(TTFT_GRID) * dt

@@ -48,6 +48,23 @@ def test_mg1_transform_matches_mm1_tail():
     assert float(pmf[grid > 2.0].sum()) == pytest.approx(0.7 * math.exp(-0.3 * 2.0), rel=0.01)
 
 
+def test_finite_source_wait_counts_the_sessions_decoding_at_the_start():
+    # Every job 4 s, every idle gap 1 s, X = 0.1 arrivals/s. The sessions idle when a job
+    # starts arrive within it at density X P(Z > y): busy share X E[min(S, Z)] = 0.1 (the
+    # finite-source law, model.queueing). The b = 0.5 sessions decoding then (each with 6 s of
+    # decode, so its rest D is uniform on [0, 6]) arrive after D + Z: within the job when
+    # D < 3, half of them, 0.25 more. By hand: P(the server is busy) = 0.35, the wait's atom
+    # at zero 0.65.
+    from model.queueing import mg1_wait_pmf
+
+    service, gaps = np.full(100, 4.0), np.full(100, 1.0)
+    pmf, busy = mg1_wait_pmf(service, 0.4, 0.01, 4096, gaps, 0.1)
+    assert busy == pytest.approx(0.1, rel=1e-3)
+    pmf, busy = mg1_wait_pmf(service, 0.4, 0.01, 4096, gaps, 0.1, (0.5, np.full(100, 6.0)))
+    assert busy == pytest.approx(0.35, rel=1e-2)
+    assert pmf[0] == pytest.approx(0.65, rel=1e-2)
+
+
 def test_compound_shot_moments_are_campbells():
     # runs of k steps, height h, Poisson starts at rate lam per step, window w:
     # E[Y] = lam * h * k * w; Var[Y] = lam * h^2 * (m^2 M - m^3 / 3), m = min(k, w), M = max
