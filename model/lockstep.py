@@ -174,15 +174,16 @@ class LockstepSlots:
         # / 0.042 / 0.010 / 0.001 (binomial 0.936 / 0.062 / 0.002 / 0); the mean step 70.6 ms
         # against 69.5-74.6 simulated (88.5 ms with the binomial)
         rate = x * self.mean_full  # run chunks reaching a rank per second
-        x_quiet, pi = 0.0, None
+        x_quiet, pi, own = 0.0, None, None
         for _ in range(4):
             length = iv * td + np.r_[x_quiet, x_run[1:]]
-            if self.merge is not None and pi is not None:
+            if self.merge is not None and own is not None:
                 # the queue behind a run fills more full slots than its prompts' own counts:
                 # each run slot (as a running rank sees J, with its own extension) queues
                 # x slot-length arrivals
                 seen = pi[1:] * j[1:]
-                run_slot = float(np.sum(seen * length[1:] / own)) / max(float(seen.sum()), 1e-300)
+                run_slot = float(np.sum(seen * length[1:] / own)) / max(float(seen.sum()),
+                                                                          1e-300)
                 rate = x * (self.mean_full + self.merge.extra(x * run_slot))
             births = (dp - j[:-1]) * rate * length[:-1]
             # a running rank's own arrivals queue behind its run and extend it (M/G/1 busy

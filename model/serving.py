@@ -566,16 +566,16 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
                           f"prefill queue utilization {rho_p:.2f} >= 1 (FCFS on the budget)")
         cs2 = float(q_service.var() / max(q_service.mean() ** 2, 1e-30))
         if n_sessions:  # closed loop: finite-source wait (mean of the thinned P-K law)
-            # sessions decoding when a prompt starts: their rank's steps carry its chunks
-            # (every interval-th step), so they finish at that pace, then idle and arrive
-            # behind it (one rank at cadence 1: a step per 0.5 s chunk, few do; eight ranks
-            # at cadence 8: most do, and the idle ones alone left the DEP8 TTFT P90 at 256
-            # sessions -32% against the simulator)
+            # sessions decoding when a prompt starts: their rank's slots hold its chunks (and
+            # what the other ranks add above them) every interval-th step, so they finish at
+            # that pace, then idle and arrive behind it (one rank at cadence 1: a step per
+            # 0.5 s chunk, few do; eight ranks at cadence 8: most do, and the idle ones alone
+            # left the DEP8 TTFT P90 at 256 sessions -32% against the simulator)
             runs = k > 1
             chunk_h = float(np.sum(ext[runs] - eng.last_ext_rem[runs])) / max(
                 float(np.sum(k[runs] - (eng.last_rem[runs] > 0))), 1.0)
             decoding = (b, np.maximum(eng.queue.o - 1.0, 0.0) / eng.q
-                        * (td + chunk_h / interval))
+                        * (slot + chunk_h) / interval)
             grid_dt, busy, pmf = _wait_law(q_service, rho_p, x, eng.queue.z, WAIT_GRID_FAST,
                                            decoding)
             wait = float(np.sum(pmf * np.arange(len(pmf))) * grid_dt)

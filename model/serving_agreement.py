@@ -312,7 +312,7 @@ PREFACE = (
     "the prompts that reached the rank meanwhile go out a chunk a slot; run chunks per request "
     "+0.042 at 256 DEP8 sessions, simulated +0.037), and in a closed loop the sessions decoding "
     "when a long prompt starts arrive behind it after their decode, at the pace its chunks "
-    "leave (the idle sessions alone had the DEP8 TTFT P90 at 256 sessions -31.8%, now +8.9%). "
+    "leave (the idle sessions alone had the DEP8 TTFT P90 at 256 sessions -31.8%, now +6.5%). "
     "`pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
