@@ -434,6 +434,10 @@ class _State:
     # threshold mode: (shift, per own-window bin: requests, grid step, others' shot pmf)
     _shared_cache: tuple | None = None
     slots: LockstepSlots | None = None  # FCFS on lock-stepped ranks: the slot picture
+    # lock-stepped FCFS: the own first slot's extension per mixture point, and each prompt's
+    # first chunk extension (hidden below it)
+    run_own_h: np.ndarray | None = None
+    first_ext: np.ndarray | None = None
     # closed-loop FCFS: (sessions decoding per rank, decode-time sample) for the wait law
     decoding: tuple | None = None
     # threshold mode on lock-stepped ranks: (mean chunk extension, chunks per rank per
@@ -543,9 +547,23 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # Whether another rank is mid-run when a prompt arrives decides its first step: a
         # two-point mixture instead of everyone paying the mean (which put P50 too high and
         # P90 too low where runs are rare and long)
-        run_offsets, run_weights, run_h = _run_mixture(x, td, own_steps * t_lock + ext, ext, k,
-                                                       interval, eng.dp, busy,
-                                                       mix.z if n_sessions else None)
+        own_h = first_ext = None
+        if slots is not None:
+            # lock-stepped FCFS ranks: the slot the prompt meets follows the chain's J, and
+            # its own chunk hides below what the slot holds anyway (a step takes the tallest
+            # rank: max(own, h), not own + h). With the mixture's run heights drawn from
+            # every prompt's chunks the first step was short at 256 sessions, cadence 8 (TTFT
+            # P50 -16%): most slots there hold a run
+            run_offsets, run_weights, own_h = _lockstep_first_step(
+                slots.first_step(x, tbar, RUN_HEIGHTS // 2, RUN_PHASES,
+                                 mix.z if n_sessions else None, points=RUN_HEIGHTS * 2), busy)
+            first_ext = ext / np.maximum(k, 1.0)
+            hidden = float(np.mean(np.minimum(own_h[None, :], first_ext[:, None]) @ run_weights))
+            run_h = float(np.sum(run_weights * own_h)) - hidden
+        else:
+            run_offsets, run_weights, run_h = _run_mixture(
+                x, td, own_steps * t_lock + ext, ext, k, interval, eng.dp, busy,
+                mix.z if n_sessions else None)
         # each further own chunk holds a slot: on lock-stepped FCFS ranks what the others add
         # above it (their runs and pieces beyond its height), not their mean extension on top
         # (that put the slots of a run 1.4 s long against ~0.8 s simulated at cadence 8, 256
@@ -587,6 +605,8 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # decode step
         base = service - run_h  # the mixture's mean first-step extension is in `extra`
         extra = float(np.sum(run_offsets * run_weights))
+        if own_h is not None:
+            extra -= hidden
         # The server works on tokens, not requests: a prompt's last step has `room` tokens of
         # budget left, which the scheduler hands to the next queued prompt, so that step (and
         # this prompt's first token) lasts longer by the next prompt's chunk. The next prompt is
@@ -640,6 +660,7 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # the next prompt (two 4,000-token prompts fill an 8K step: the third waits)
         st.tail_ext_late = np.where(k <= 1, eng.merged_tail_extension(room, b), tail_ext)
         st.run_offsets, st.run_weights = run_offsets, run_weights
+        st.run_own_h, st.first_ext = own_h, first_ext
         st.queue_base = q_service - run_h
     return st
 
@@ -663,6 +684,16 @@ def _merge_probability(room: np.ndarray, last_chunk: np.ndarray) -> np.ndarray:
 
 
 RUN_HEIGHTS, RUN_PHASES = 16, 8  # mixture resolution: chunk heights x arrival phases
+
+
+def _lockstep_first_step(first, busy: float):
+    """(offsets, weights, own slot extensions) of LockstepSlots.first_step, with the quiet
+    cycles' share split by whether anything runs anywhere (`busy`): an idle engine starts the
+    prompt at once."""
+    offs, w, on, own_h = first
+    idle = float(np.sum(w[~on])) * (1.0 - busy)
+    weights = np.r_[idle, w * np.where(on, 1.0, busy)]
+    return np.r_[0.0, offs], weights / weights.sum(), np.r_[0.0, own_h]
 
 
 def _run_mixture(x, td, span, ext, k, interval, dp, busy, gaps=None):

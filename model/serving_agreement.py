@@ -313,6 +313,10 @@ PREFACE = (
     "+0.042 at 256 DEP8 sessions, simulated +0.037), and in a closed loop the sessions decoding "
     "when a long prompt starts arrive behind it after their decode, at the pace its chunks "
     "leave (the idle sessions alone had the DEP8 TTFT P90 at 256 sessions -31.8%, now +6.5%). "
+    "On lock-stepped FCFS ranks a prompt's first slot follows the chain (time-weighted, the "
+    "next slot still a run unless every run in it ends and none starts, arrivals thinned over "
+    "a cluster of runs) and its own chunk hides below the slot's height: the 256-session TTFT "
+    "P50 went from -16.2% to +2.4%, the 128-session cadence-8 one from -11.9% to -1.8%. "
     "`pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
@@ -370,15 +374,6 @@ _REASONS = (
      "cadence 8 this took the P50 from +4% to +11%; +13.4% at 128 sessions and +11.4% at 256 "
      "against the runs of 2026-12-04); a count that fluctuates inside the window (Poisson) "
      "brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
-    ("dsv4-dep8-pop64-n256-t0", "ttft",
-     "FCFS on eight lock-stepped ranks at 256 sessions, cadence 8: the first admitting step is "
-     "short. Prompts up to 2K tokens that find their rank idle get their first token after "
-     "0.49 / 0.85 / 1.17 / 1.44 / 1.66 s (P10 / P25 / P50 / P75 / P90, simulated, seed 1, "
-     "2026-12-05) against 0.24 / 0.41 / 0.83 / 1.15 / 1.38 s: at 256 sessions 77% of admitting "
-     "slots hold a run, and the first-step mixture draws the run's height from every prompt's "
-     "chunks (short ones included), not from the slots' tallest rank. Taking it from the chain's "
-     "slots (model.lockstep) put this P50 at +6.9% but the cadence-1 P50 at 128 sessions at "
-     "+21% (those arrivals' own step is often quiet again), so it was not adopted"),
     ("dsv4-dep8-pop64-n256-t0", "tpot",
      "FCFS on eight lock-stepped ranks at 256 sessions, cadence 8: the TPOT law is too wide "
      "(simulated P50 / P90 / P99 43.3 / 54.2 / 70.6 ms, seed 1, 4,000 s; the closed form "

@@ -98,8 +98,12 @@ def _own_ttft(st: _State, admit_wait: float, sel=None):
         late = np.r_[late, late + pick(st.tail_ext_late)]
         merge = np.r_[merge, merge]
     if st.run_offsets is not None:  # mixture: another rank mid-run at arrival or not
-        base, late = (((v - st.extra)[:, None] + st.run_offsets[None, :]).ravel()
-                      for v in (base, late))
+        off = np.broadcast_to(st.run_offsets[None, :], (len(base), len(st.run_offsets)))
+        if st.run_own_h is not None:  # the own first chunk hides below the slot's height
+            first = pick(st.first_ext)
+            first = np.r_[first, first] if len(base) == 2 * len(first) else first
+            off = off - np.minimum(st.run_own_h[None, :], first[:, None])
+        base, late = (((v - st.extra)[:, None] + off).ravel() for v in (base, late))
         weights = (weights[:, None] * st.run_weights[None, :]).ravel()
         merge = np.repeat(merge, len(st.run_offsets))
         if tilted is not None:

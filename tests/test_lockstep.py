@@ -131,3 +131,23 @@ def test_queue_behind_a_run_fills_full_slots():
     two = _MergeLaw(np.array([2.0, 0.0, 0.0, 0.0]), np.full(4, 4.0), chunk=8.0)
     by_hand2 = sum(exp(-2.0) * 2.0**n / factorial(n) * ((n + 1) // 2) for n in range(60))
     assert two.extra(1.0) == pytest.approx(by_hand2 / 4.0, rel=1e-4)
+
+
+def test_first_slot_follows_the_chain_time_weighted():
+    # The two-rank chain of test_runs_on_two_ranks_cluster_as_the_birth_death_chain_says: pi =
+    # (0.886154, 0.073846, 0.040000), chunk 0.5 s, td 20 ms, cadence 1, x = 1. A prompt reaching
+    # a free rank lands in a slot time-weighted: quiet ones (the other rank free too, pi0 x 2
+    # ways) last 0.02 s, run ones (pi1 x 1) 0.52 s, so a run holds it with probability
+    # 0.073846 x 0.52 / (0.886154 x 2 x 0.02 + 0.073846 x 0.52) = 0.52. It waits out the slot
+    # (half on average) and takes the next: still a run unless the run ends (1 - 0.52 of its
+    # chunks are last ones) and no new one starts (e^-0.52): 1 - 0.48 e^-0.52 = 0.714630; after
+    # a quiet slot one starts with probability 1 - e^-0.04 = 0.039211. Mean offset by hand:
+    # 0.52 (0.26 + 0.5 x 0.714630) + 0.48 (0.01 + 0.5 x 0.039211) = 0.335214 s.
+    n = 1000
+    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2)
+    offsets, weights, in_run, own = slots.first_step(1.0, 0.05, levels=4, phases=8)
+    assert float(weights[in_run].sum()) == pytest.approx(0.52, rel=1e-3)
+    assert float(np.sum(weights * offsets)) == pytest.approx(0.335214, rel=1e-3)
+    # the own slot holds the run's chunk exactly when the next slot is a run
+    assert float(np.sum(weights * own)) == pytest.approx(
+        0.5 * (0.52 * 0.714630 + 0.48 * 0.039211), rel=1e-3)
