@@ -159,8 +159,7 @@ class LockstepSlots:
         w, on = np.concatenate(wts), np.concatenate(on)
         if gaps is not None:
             cycle = iv * td + float(sl.x_run[1])
-            stretch = (1.0 - float(sl.pi[0])) / max(float(sl.pi[0] * sl.births[0]), 1e-300)
-            c = np.maximum(self.full[runs] * stretch * cycle, 1e-12)  # cluster seconds
+            c = np.maximum(self.full[runs] * sl.stretch * cycle, 1e-12)  # cluster seconds
             idle = np.minimum(expected_min(np.sort(np.asarray(gaps, float)), c) / c, 1.0)
             pace = iv * td / cycle
             kept = float(np.sum(c * (idle + (1.0 - idle) * pace))) / max(float(c.sum()), 1e-300)
@@ -186,7 +185,6 @@ class LockstepSlots:
         floor = min(_mean(sl.f_quiet, sl.dy), mean_slot)
         busy = 1.0 - pi[0]
         opens = float(starts[0] / max(float(starts.sum()), 1e-300))  # runs that open one
-        stretch = busy / max(float(starts[0]), 1e-300)  # mean busy period / mean run
         # Poisson clusters overlap where the chain's busy periods cannot: at the rate whose
         # covered share is the busy share (depth -ln pi0, a Boolean model), each cluster adding
         # what it holds above the other clusters covering the slot (the step takes the taller)
@@ -200,7 +198,7 @@ class LockstepSlots:
             float(self.full[runs].sum()), 1e-300)
         scale = extra / per_slot if per_slot > 0 else 0.0
         boolean = depth / busy if busy > 0 else 1.0
-        return (floor, self.full[runs] * stretch, h_eff * scale,
+        return (floor, self.full[runs] * sl.stretch, h_eff * scale,
                 float(runs.mean()) * opens * boolean)
 
     def _slots(self, x: float, t: float) -> _SlotLaw:
@@ -344,3 +342,8 @@ class _SlotLaw:
     x_run: np.ndarray
     f_pieces: np.ndarray
     f_run: np.ndarray
+
+    @property
+    def stretch(self) -> float:
+        """A cluster of runs over one run: the chain's mean busy period over the mean run."""
+        return (1.0 - float(self.pi[0])) / max(float(self.pi[0] * self.births[0]), 1e-300)
