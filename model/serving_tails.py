@@ -103,7 +103,9 @@ def _own_ttft(st: _State, admit_wait: float, sel=None):
             first = pick(st.first_ext)
             first = np.r_[first, first] if len(base) == 2 * len(first) else first
             off = off - np.minimum(st.run_own_h[None, :], first[:, None])
-        base, late = (((v - st.extra)[:, None] + off).ravel() for v in (base, late))
+        base = ((base - st.extra)[:, None] + off).ravel()
+        # a prompt that merged rides in its predecessor's last step: no slot of its own
+        late = np.repeat(late - st.extra, len(st.run_offsets))
         weights = (weights[:, None] * st.run_weights[None, :]).ravel()
         merge = np.repeat(merge, len(st.run_offsets))
         if tilted is not None:
@@ -264,7 +266,7 @@ def _ttft_quantiles(st: _State, admit_wait: float, law):
     mean = float(np.mean(st.ttft_base)) + admit_wait + st.wait_mean * st.wait_scale
     if st.delay is not None:
         mean += float(np.mean(st.delay))
-    mean += st.tail_mean
+    mean += st.shared_steps_mean
     return quantiles_from_pmf(pmf, grid, QUANTILES), mean
 
 

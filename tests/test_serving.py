@@ -65,6 +65,27 @@ def test_finite_source_wait_counts_the_sessions_decoding_at_the_start():
     assert pmf[0] == pytest.approx(0.65, rel=1e-2)
 
 
+def test_queued_prompts_sharing_the_last_step_save_their_step_in_the_queue():
+    # Poisson arrivals at X = 0.5/s, every service 1 s, of which a prompt queued when its
+    # predecessor's last step starts (the last step lasting 0 s here, so: whenever it waited)
+    # saves 0.5 s. M/G/1: P(wait) = rho, and rho = X (1 - 0.5 P(wait)), so by hand
+    # q = 0.5 - 0.25 q: q = rho = 0.4, mean service 0.8 s; the M/D/1 wait at that service,
+    # rho / (1 - rho) x 0.8 / 2 = 0.2667 s (Pollaczek-Khinchine, cs2 = 0 here).
+    from model.serving import _merged_queue
+
+    n = 100
+    queued, service, busy, wait, cs2, _, _ = _merged_queue(
+        np.full(n, 1.0), np.full(n, 0.5), np.zeros(n), 0.5, 1.0, None, None, 0.0)
+    assert queued == pytest.approx(0.4, abs=2e-3)
+    assert busy == pytest.approx(0.4, abs=2e-3)
+    assert float(service.mean()) == pytest.approx(0.8, abs=1e-3)
+    assert wait == pytest.approx(0.4 / 0.6 * 0.8 / 2, rel=1e-2)
+    assert cs2 == pytest.approx(0.0, abs=1e-12)
+    # a service no merging can bring under one arrival's worth is unstable
+    assert _merged_queue(np.full(n, 2.5), np.full(n, 0.1), np.zeros(n), 0.5, 1.0, None, None,
+                         0.0) is None
+
+
 def test_compound_shot_moments_are_campbells():
     # runs of k steps, height h, Poisson starts at rate lam per step, window w:
     # E[Y] = lam * h * k * w; Var[Y] = lam * h^2 * (m^2 M - m^3 / 3), m = min(k, w), M = max
