@@ -850,10 +850,11 @@ def _decode_time(eng: _Engine, st: _State) -> float:
     return eng.mean_o1 * st.tbar * eng.seen_ratio
 
 
-def _run_time(eng: _Engine, st: _State) -> float:
-    """Mean time a request spends admitted: its prefill, decode and reload (not the queue)."""
-    return float(st.ttft_base.mean()) + st.extra + _decode_time(eng, st) + eng.mean_delay \
-        + st.shared_steps_mean
+def _run_time(eng: _Engine, st: _State, queue_wait: float = 0.0) -> float:
+    """Mean time a request spends admitted: its prefill, decode and reload; with `queue_wait`,
+    its response time (the closed loop's R)."""
+    return float(st.ttft_base.mean()) + st.extra + queue_wait + _decode_time(eng, st) \
+        + eng.mean_delay + st.shared_steps_mean
 
 
 def _admission_capped_rate(eng: _Engine, x_hi: float, limit: float, n_rank: float):
@@ -914,9 +915,7 @@ def _closed_rate(eng: _Engine, n: float, ca2: float, near: float | None = None
         st = _solve_rate(eng, x, ca2, n)
         if st.reason:
             return np.inf, st
-        r = float(st.ttft_base.mean()) + st.extra + st.wait_mean * st.wait_scale \
-            + _decode_time(eng, st) + eng.mean_delay + st.shared_steps_mean
-        return r, st
+        return _run_time(eng, st, st.wait_mean * st.wait_scale), st
 
     def excess(x):  # > 0 when x is too high (more requests than sessions allow)
         r, _ = resp(x)
