@@ -49,7 +49,12 @@ import pandas as pd
 from model.errors import ServecastError
 from model.lockstep import LockstepSlots
 from model.policy import EnginePolicy
-from model.queueing import expected_max_poisson, kingman_wait_s, mg1_wait_pmf
+from model.queueing import (
+    expected_max_occupancy,
+    expected_max_poisson,
+    kingman_wait_s,
+    mg1_wait_pmf,
+)
 from model.serving_cache import CacheEffect
 from model.serving_tails import (
     QUANTILES,
@@ -444,6 +449,7 @@ class _State:
     # threshold mode on lock-stepped ranks: (mean chunk extension, chunks per rank per
     # admitting step, ranks) of the mean step's busiest-rank law
     lock: tuple | None = None
+    shared_slot: _SharedSlot | None = None  # ... and the admitting step those chunks make
     # decode step a decoding request sees (set by serve(); None: td): itself plus the others
     td_tag: float | None = None
     queue_base: np.ndarray | None = None  # FCFS: ttft_base over the queue sample (wait law)
@@ -555,8 +561,11 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
                                                  / np.maximum(full, 1.0), 0.0),
                                   eng.last_ext_rem, td, interval, eng.dp,
                                   _shared_chunk_cost(eng, rate, b), eng.last_rem, rate)
+        shared = None
+        if not np.isinf(cap) and eng.dp > 1:
+            shared = _SharedSlot(eng, k, ext, rate, b, c_free)
         tbar = _mean_step(x, float(k.mean()), float(ext.mean()), td, interval, eng.dp,
-                          np.isinf(cap), slots)
+                          np.isinf(cap), slots, shared)
         prev_tbar = tbar
         if not np.isfinite(tbar) or tbar <= 0:
             break
@@ -692,7 +701,8 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         tail_q = np.clip(1.0 - min(lt_wait, 1.0) * tail_free, 0.0, 1.0)
         tail_ext = eng.next_chunk_extension(room, b)
     else:
-        rho_tok = x * float(mix.u.mean()) * tbar / max(c_free, 1.0)
+        # prefill runs only on every interval-th step, whose budget takes the interval's arrivals
+        rho_tok = x * float(mix.u.mean()) * tbar * interval / max(c_free, 1.0)
         if rho_tok >= 1.0:
             return _State(x, b, td, tbar, k, ext, k * 0, rho_tok, 0.0, share,
                           f"prefill tokens need {rho_tok:.2f}x the step budget left by "
@@ -718,7 +728,7 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
     if n_sessions and np.isinf(cap):
         st.decoding = decoding
     if shots is not None:
-        st.lock = lock
+        st.lock, st.shared_slot = lock, shared
     if np.isinf(cap):
         st.tail_q, st.tail_ext, st.tail_free = tail_q, tail_ext, tail_free
         st.merge, st.last_step, st.queued = merge, last_step, queued
@@ -740,6 +750,76 @@ def _shared_chunk_cost(eng: _Engine, chunk: float, b: float) -> np.ndarray:
     many = np.asarray(eng.sm.step_time_s(j * chunk, eng.c_d, eng.dp * b, eng.c_d, j,
                                          prefill_ranks=j), float)
     return np.r_[0.0, np.maximum(many - one, 0.0)]
+
+
+class _SharedSlot:
+    """Extension of an admitting step of lock-stepped ranks with a prefill threshold, each rank
+    holding a Poisson number of chunks: the busiest rank's chunks together (their attention at
+    their contexts, their matrix work as one block: a chunk alone at a light decode batch pays
+    the weights' reads that several share), plus the other ranks' tokens in the expert group.
+    Summing each chunk's extension alone, the busiest rank's only, put DSV4 Pro DEP8 on B300
+    (model.simulate, 2026-12-05) at 282 ms of busiest-rank extension against 199 ms simulated
+    at 256 pop64 sessions (6.5 decodes a rank; 51.7 ms for one 512-token chunk, 42.0 ms each
+    for four), and the admitting step 0.63 s against 0.79-0.87 s at 575 agentx-v1 sessions (the
+    others' 38 and 222 ms through the experts missing)."""
+
+    def __init__(self, eng: _Engine, k: np.ndarray, ext: np.ndarray, rate: float, b: float,
+                 c_free: float):
+        tab, bb = eng.table, max(b, eng.b_min)
+        low = float(tab.c_grid[0])  # a context too short for attention to count
+        rem = eng.last_rem
+        flat = (k - (rem > 0)) * float(tab.extension_at_chunk(rate, low, bb)) + np.where(
+            rem > 0, tab.extension(np.maximum(rem, 1.0), np.full(len(rem), low), bb), 0.0)
+        chunks = max(float(k.sum()), 1e-12)
+        self.attention = max(float(ext.sum() - flat.sum()), 0.0) / chunks  # per chunk
+        self.tokens = float(eng.mix.u.sum()) / chunks  # per chunk
+        self.room = c_free / rate  # chunks a rank's budget holds
+        self.eng, self.b, self.low, self.bb, self.dp = eng, b, low, bb, eng.dp
+        self._counts = None  # extension at 0, 1, 2, ... chunks in all
+
+    def extension(self, m: float) -> float:
+        """Mean admitting-step extension at `m` chunks per rank on average: a Poisson number of
+        dp m in each step (whole counts, then averaged: a chunk alone costs more than its share
+        of several, so a fraction of one would cost too much)."""
+        from scipy.stats import poisson
+
+        mean = self.dp * m
+        counts = self._at_counts(mean + 12.0 * np.sqrt(mean) + 12.0)
+        return float(poisson.pmf(np.arange(len(counts)), mean) @ counts)
+
+    def at(self, top: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """Extension of admitting steps with `top` chunks on the busiest rank, `total` on all."""
+        top = np.maximum(np.asarray(top, float), 0.0)
+        total = np.maximum(np.asarray(total, float), top)
+        own, every = np.maximum(top * self.tokens, 1.0), np.maximum(total * self.tokens, 1.0)
+        eng = self.eng
+        # their matrix work as `top` sequences of `tokens` (as one sequence of top x tokens the
+        # step model would add its attention over itself: 518 against 461 ms for 16 chunks)
+        flat = eng.t(own, self.low, self.bb, np.maximum(top, 1.0)) - eng.t(0.0, 0.0, self.bb)
+        both = np.asarray(eng.sm.step_time_s(np.r_[every, own], eng.c_d, eng.dp * self.b,
+                                             eng.c_d, np.r_[np.maximum(total, 1.0),
+                                                            np.maximum(top, 1.0)],
+                                             prefill_ranks=np.r_[every / own, np.ones_like(own)]),
+                          float)
+        others = np.maximum(both[:len(own)] - both[len(own):], 0.0)
+        return np.where(top > 0, top * self.attention + flat + others, 0.0)
+
+    def spread(self, chunks: np.ndarray) -> np.ndarray:
+        """Extension of admitting steps holding `chunks` chunks over all ranks (a fraction: a
+        mixture of the whole counts around it, as a window's steps hold), spread as sticky
+        sessions spread them (uniformly)."""
+        chunks = np.asarray(chunks, float)
+        counts = self._at_counts(float(chunks.max()) if chunks.size else 0.0)
+        return np.interp(chunks, np.arange(len(counts)), counts)
+
+    def _at_counts(self, top: float) -> np.ndarray:
+        """`at` for 0, 1, 2, ... chunks in all (to at least `top`), the busiest rank taking no
+        more than its budget (the rest waits for the next step)."""
+        if self._counts is None or len(self._counts) <= top + 1:
+            n = np.arange(max(2 * int(top) + 2, 64), dtype=float)
+            self._counts = self.at(np.minimum(expected_max_occupancy(n, self.dp), self.room),
+                                   np.minimum(n, self.dp * self.room))
+        return self._counts
 
 
 def _merge_probability(room: np.ndarray, last_chunk: np.ndarray) -> np.ndarray:
@@ -807,7 +887,7 @@ def _run_mixture(x, td, span, ext, k, interval, dp, busy, gaps=None):
 
 
 def _mean_step(x, mean_k, mean_e, td, interval, dp, fcfs,
-               slots: LockstepSlots | None = None) -> float:
+               slots: LockstepSlots | None = None, shared: _SharedSlot | None = None) -> float:
     """Mean engine step: decode step + the prefill extension per step, where any lock-stepped
     rank's prefill slows every rank (unaligned: 1-(1-p)^dp of steps; aligned by the cadence:
     prefill only on every interval-th step; FCFS on dp > 1 ranks: `slots`, model.lockstep).
@@ -823,8 +903,11 @@ def _mean_step(x, mean_k, mean_e, td, interval, dp, fcfs,
             per_slot = x * mean_e * tbar * interval / max(p_rank, 1e-12)  # extension | busy
             return td + (1.0 - (1.0 - p_rank) ** dp) * per_slot / interval
         # with a threshold each rank carries a Poisson number of chunks in an admitting step,
-        # and the lock-stepped step lasts as long as the busiest rank's
+        # and the lock-stepped step lasts as long as the busiest rank's (`shared`: the chunks
+        # sharing that step, model.serving._SharedSlot)
         m = x * mean_k * tbar * interval
+        if shared is not None:
+            return td + shared.extension(m) / interval
         return td + mean_e / max(mean_k, 1e-12) * expected_max_poisson(m, dp) / interval
 
     t0, g0 = td, g(td)

@@ -330,6 +330,13 @@ PREFACE = (
     "prompt's last chunk: the queue spends no decode step of its own on it, the prompt no "
     "first slot (256 sessions: TTFT P90 +11.2% -> +1.1%, mean TTFT 4.20 -> 4.02 s, simulated "
     "4.02 s). "
+    "Since 2026-12-05 also, with a threshold on lock-stepped ranks an admitting step is "
+    "priced as the step model prices it: the busiest rank's chunks together (a 512-token "
+    "chunk alone at a light decode batch pays weight reads that several share: 51.7 ms alone, "
+    "42.0 ms each for four, at 6.5 decodes a rank) and the other ranks' tokens in the expert "
+    "group (218 ms of a 0.84 s admitting step at 575 agentx-v1 sessions), no rank above its "
+    "budget: the mean step at 256 sessions 65.0 -> 60.4 ms (simulated 58.2 ms), at 575 "
+    "agentx-v1 sessions 118.6 -> 137.4 ms (simulated 137.6 ms). "
     "`pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
@@ -380,13 +387,16 @@ _REASONS = (
      "behind it (2026-12-05), took it from +29.9% to +40.8% (agentx-n48 -5.9% -> -3.5%, "
      "pop64-n48 +9.5% -> +13.4%). Not yet explained"),
     ("-t512-iv", "tpot",
-     "threshold mode on eight lock-stepped ranks: a window's runs cost what the busiest rank "
-     "holds, taken at the window's mean count of chunks (since 2026-12-03; the shot law had "
-     "added them, which put the P90 / P99 up to +38% long); runs that come and go inside the "
-     "window count as if they overlapped, so median windows come out about 1 ms long (at "
-     "cadence 8 this took the P50 from +4% to +11%; +13.4% at 128 sessions and +11.4% at 256 "
-     "against the runs of 2026-12-04); a count that fluctuates inside the window (Poisson) "
-     "brings the cadence-8 P50 back to +4% but takes the cadence-1 P90 to -22%"),
+     "threshold mode on eight lock-stepped ranks: a window's runs cost what admitting steps "
+     "holding that many chunks cost, at the window's mean count of chunks (whole counts "
+     "mixed). Since 2026-12-05 such a step is priced as the simulator's step model prices it "
+     "(model.serving._SharedSlot: the busiest rank's chunks together, the other ranks' tokens "
+     "in the expert group); it had been the busiest rank's chunks, each priced alone. The "
+     "cadence-8 TPOT P50s went from +13.4% / +11.4% (128 / 256 sessions) to +3.1% / +3.4%, "
+     "the cadence-1 P99 at 128 sessions from -11.3% to -16.5% (53 against 64 ms simulated). "
+     "Windows that runs come and go in count as if the runs overlapped; a count that "
+     "fluctuates inside the window (Poisson) took the cadence-1 P90 to -22% (2026-12-04). "
+     "Not yet explained"),
     ("dsv4-dep8-pop64-n256-t0", "tpot",
      "FCFS on eight lock-stepped ranks at 256 sessions, cadence 8: the TPOT law is too wide "
      "(simulated P50 / P90 / P99 43.3 / 54.2 / 70.6 ms, seed 1, 4,000 s; the closed form "
@@ -396,14 +406,14 @@ _REASONS = (
      "full slots (2026-12-05), which set the mean step right (103.9 against 106.2 ms) and left "
      "the law's width as it was"),
     ("dsv4-dep8", "ttft",
-     "threshold mode on eight lock-stepped ranks at cadence 8: the closed form's TTFT P99 "
-     "sits high (+17.8% at 128 sessions, +15.7% at 256). Its first-step mixture thins arrivals "
-     "during another rank's run (sessions stall while every step is stretched; 2026-12-04), "
-     "which took the FCFS P50s at 32-128 sessions from +13..+51% to -13..+3%. What is left is "
-     "the wait law's: on one rank the same finite-source law reads 11% above a queue whose "
-     "decodes stop during prefill, as the engine's do (AgentX, 6 seeds, 2026-12-04), and the "
-     "simulated load swings with the heavy sessions in play (TTFT P50 0.36-0.65 s between "
-     "1,200 s windows of one run). Not yet separated"),
+     "threshold mode on eight lock-stepped ranks at cadence 8, 256 sessions: the closed form's "
+     "TTFT P50 reads 0.82 s against 0.96 s simulated. It was -10.2% before the admitting step "
+     "was priced with every rank's chunks together (model.serving._SharedSlot, 2026-12-05), "
+     "which shortened the mean step the other prompts' shots are scaled to (65.0 -> 60.4 ms, "
+     "simulated 58.2 ms) and brought the TTFT P99s from +15.7% / +17.8% (256 / 128 sessions) "
+     "to +9.7% / +10.3%. The TTFT law still prices a prompt's own chunk alone and the other "
+     "ranks' above it chunk by chunk (model.serving_tails._others_above), not as the step they "
+     "share. Not yet separated"),
 )
 
 

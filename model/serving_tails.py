@@ -405,7 +405,7 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         y = np.arange(TPOT_GRID) * dy
         if masking is not None:
             pmf, dy = _lockstep_masked(pmf, y, win, eng.pol.prefill_schedule_interval,
-                                       *masking, 8.0 * sd * win)
+                                       *masking, 8.0 * sd * win, st.shared_slot)
             y = np.arange(len(pmf)) * dy
         if sd * win > dy:  # fold in the Gaussian batch noise (in Y units: sd · window)
             half = int(np.ceil(5.0 * sd * win / dy))
@@ -417,16 +417,20 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
 
 
 def _lockstep_masked(pmf: np.ndarray, y: np.ndarray, win: float, interval: int, c: float,
-                     dp: int, headroom: float) -> tuple[np.ndarray, float]:
+                     dp: int, headroom: float, slot=None) -> tuple[np.ndarray, float]:
     """(pmf, dy) of the extension a window of `win` steps sees on lock-stepped ranks, from the
     pmf of the runs' unscaled sum Y on grid `y`. Y holds S = Y interval / (win c) chunks of
     extension c per admitting step, all ranks together, spread over the dp ranks as sticky
     sessions spread them (uniformly); the step waits for the busiest rank, so the window sees
     (win / interval) c E[most of S chunks on one rank]: Y for a lone run, far less for many.
     Rebinned on a uniform grid with `headroom` left for the batch noise. Over a Poisson S this
-    is the max the mean step takes (model.serving._mean_step, expected_max_poisson)."""
+    is the max the mean step takes (model.serving._mean_step, expected_max_poisson). `slot`
+    (model.serving._SharedSlot, or None: c per chunk on the busiest rank) prices the step."""
     chunks = y * interval / (win * max(c, 1e-300))
-    seen = expected_max_occupancy(chunks, dp) * win * c / interval
+    if slot is None:
+        seen = expected_max_occupancy(chunks, dp) * win * c / interval
+    else:
+        seen = slot.spread(chunks) * win / interval
     dy = max((float(seen[-1]) + headroom) / TPOT_GRID, 1e-300)
     out = np.bincount(np.minimum((seen / dy + 0.5).astype(int), TPOT_GRID - 1), pmf,
                       minlength=TPOT_GRID)
