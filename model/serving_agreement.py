@@ -411,9 +411,10 @@ _REASONS = (
      "was priced with every rank's chunks together (model.serving._SharedSlot, 2026-12-05), "
      "which shortened the mean step the other prompts' shots are scaled to (65.0 -> 60.4 ms, "
      "simulated 58.2 ms) and brought the TTFT P99s from +15.7% / +17.8% (256 / 128 sessions) "
-     "to +9.7% / +10.3%. The TTFT law still prices a prompt's own chunk alone and the other "
-     "ranks' above it chunk by chunk (model.serving_tails._others_above), not as the step they "
-     "share. Not yet separated"),
+     "to +9.7% / +10.3%. Not the price of the prompt's own steps: its chunk alone plus what "
+     "the other ranks add above it (model.serving_tails._others_above, scaled to the mean "
+     "step) comes to 249.8 ms an own step, the shared slot's admitting step given a chunk "
+     "on the own rank to 248.5 ms. Not yet separated"),
 )
 
 

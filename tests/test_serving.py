@@ -233,10 +233,13 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
     # P90 ratio 2.22 at the 102 sessions the threshold serves under the SLO; TPGS at equal
     # concurrency up to +94% (1,024 sessions, the "up to" reading); best TPGS at the SLO +189%
     # (24 vs 102 sessions meet it). Since 2026-12-04 FCFS ranks' runs cluster (model.lockstep)
-    # and FCFS serves more at high load: the largest gain was +52%, and since 2026-12-05
-    # (one FCFS wait law, queued prompts sharing a step) +35%, where the simulator gives less
-    # still (agentx-v1, 323 / 575 / 1,024 sessions: +16.7% / +3.9% / +5.3%), so the claim, an
-    # "up to", is checked as a ceiling (papers/vllm-agentx/claims.yaml: at_most, +30%).
+    # and FCFS serves more at high load: the largest gain was +52%, since 2026-12-05 (one
+    # FCFS wait law, queued prompts sharing a step) +35%, and with the threshold's admitting
+    # step priced with every rank's chunks together +24% (agentx; agentx-v1 +25% at 767
+    # sessions, P90 ratio 2.31). The simulator gives less (agentx-v1, 24,000 s, 323 / 575 /
+    # 1,024 sessions: +17.3% / +7.5% / +7.1%; the closed form +20.4% / +21.5% / +12.4%), so
+    # the claim, an "up to", is checked as a ceiling (papers/vllm-agentx/claims.yaml:
+    # at_most, +30%).
     from model.parallel import ParallelPlan
     from model.plan import step_model
 
