@@ -415,7 +415,8 @@ class _State:
     wait_scale: float = 1.0  # Kingman stretch of the M/G/1 wait for bursty arrivals
     gaps: np.ndarray | None = None  # closed loop: session idle times (finite-source wait)
     extra: float = 0.0  # TTFT added outside the queue (step in flight, prefill cadence)
-    shots: tuple | None = None  # threshold mode: (runs/step, heights, lengths, own steps, own s)
+    # threshold mode: (runs/step, heights, lengths, own steps, own s, prefill interval)
+    shots: tuple | None = None
     delay: np.ndarray | None = None  # per request, outside the queue: lower-tier KV reload
     # FCFS: probability that the next queued prompt fills the rest of this prompt's last step,
     # and what that adds to this prompt's TTFT
@@ -708,7 +709,10 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
                           f"prefill tokens need {rho_tok:.2f}x the step budget left by "
                           "decodes: utilization >= 1")
         rho_p, wait, wait_scale = 0.0, 0.0, 1.0
-        base = own_steps * tbar + ext
+        # a prompt's chunks run in admitting steps only, each holding the prefill of the
+        # interval's steps: its own steps see interval - 1 steps' extension more than the mean
+        # step gives its span (the runs that reached the rank while it waited for the slot)
+        base = own_steps * tbar + ext + (interval - 1) * (tbar - td)
         extra = (interval - 1) / 2.0 * tbar + in_flight
         pick = np.linspace(0, len(k) - 1, min(len(k), 1500)).astype(int)
         kk = np.maximum(k[pick], 1.0) * interval  # others' runs span k * interval steps
@@ -716,7 +720,8 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # step's extension (tbar - td), not to the sum of their heights
         lam = eng.dp * x * tbar
         shot_scale = (tbar - td) / max(lam * float(ext[pick].mean()), 1e-30)
-        shots = (lam, shot_scale * ext[pick] / kk, kk, own_steps, own_steps * td + ext)
+        shots = (lam, shot_scale * ext[pick] / kk, kk, own_steps, own_steps * td + ext,
+                 interval)
         lock = (float(ext.mean()) / max(float(k.mean()), 1e-12),
                 x * float(k.mean()) * tbar * interval, eng.dp) if eng.dp > 1 else None
     st = _State(x, b, td, tbar, k, ext, base, rho_p, wait, share, "", wait_scale,

@@ -336,7 +336,10 @@ PREFACE = (
     "42.0 ms each for four, at 6.5 decodes a rank) and the other ranks' tokens in the expert "
     "group (218 ms of a 0.84 s admitting step at 575 agentx-v1 sessions), no rank above its "
     "budget: the mean step at 256 sessions 65.0 -> 60.4 ms (simulated 58.2 ms), at 575 "
-    "agentx-v1 sessions 118.6 -> 137.4 ms (simulated 137.6 ms). "
+    "agentx-v1 sessions 118.6 -> 137.4 ms (simulated 137.6 ms); and a prompt's chunks run in "
+    "admitting steps only, so its own steps see the prefill that reached its rank over the "
+    "interval before each (TTFT P50 at 256 sessions, cadence 8: -14.9% -> +4.1%; one-chunk "
+    "prompts' median 0.52 s, simulated 0.51 s). "
     "`pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
@@ -392,7 +395,7 @@ _REASONS = (
      "mixed). Since 2026-12-05 such a step is priced as the simulator's step model prices it "
      "(model.serving._SharedSlot: the busiest rank's chunks together, the other ranks' tokens "
      "in the expert group); it had been the busiest rank's chunks, each priced alone. The "
-     "cadence-8 TPOT P50s went from +13.4% / +11.4% (128 / 256 sessions) to +3.1% / +3.4%, "
+     "cadence-8 TPOT P50s went from +13.4% / +11.4% (128 / 256 sessions) to +3.0% / +3.2%, "
      "the cadence-1 P99 at 128 sessions from -11.3% to -16.5% (53 against 64 ms simulated). "
      "Windows that runs come and go in count as if the runs overlapped; a count that "
      "fluctuates inside the window (Poisson) took the cadence-1 P90 to -22% (2026-12-04). "
@@ -406,15 +409,13 @@ _REASONS = (
      "full slots (2026-12-05), which set the mean step right (103.9 against 106.2 ms) and left "
      "the law's width as it was"),
     ("dsv4-dep8", "ttft",
-     "threshold mode on eight lock-stepped ranks at cadence 8, 256 sessions: the closed form's "
-     "TTFT P50 reads 0.82 s against 0.96 s simulated. It was -10.2% before the admitting step "
-     "was priced with every rank's chunks together (model.serving._SharedSlot, 2026-12-05), "
-     "which shortened the mean step the other prompts' shots are scaled to (65.0 -> 60.4 ms, "
-     "simulated 58.2 ms) and brought the TTFT P99s from +15.7% / +17.8% (256 / 128 sessions) "
-     "to +9.7% / +10.3%. Not the price of the prompt's own steps: its chunk alone plus what "
-     "the other ranks add above it (model.serving_tails._others_above, scaled to the mean "
-     "step) comes to 249.8 ms an own step, the shared slot's admitting step given a chunk "
-     "on the own rank to 248.5 ms. Not yet separated"),
+     "lock-stepped ranks at cadence 8: a prompt's chunks run in admitting steps only, each "
+     "holding the prefill of the interval's arrivals (since 2026-12-05; spreading the others' "
+     "extension evenly over the prompt's span had put the threshold-mode TTFT P50 at 256 "
+     "sessions at -14.9%, now +4.1%). The TTFT P99s sit near +10% (128 / 256 sessions): on "
+     "one rank the same finite-source law reads 11% above a queue whose decodes stop during "
+     "prefill, as the engine's do (AgentX, 6 seeds, 2026-12-04), and the simulated load swings "
+     "with the heavy sessions in play. Not yet separated"),
 )
 
 

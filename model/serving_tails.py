@@ -186,7 +186,7 @@ def _shared_bins(st: _State, shift: float) -> list:
     cached = st._shared_cache
     if cached is not None and cached[0] == shift:
         return cached[1]
-    lam, heights, k, steps_own, own = st.shots
+    lam, heights, k, steps_own, own, interval = st.shots
     h_own = np.maximum(own - steps_own * st.td, 0.0) / np.maximum(steps_own, 1.0)
     if st.delay is not None:
         own = own + st.delay
@@ -200,7 +200,9 @@ def _shared_bins(st: _State, shift: float) -> list:
     out = []
     for b in np.unique(which):  # each window bin on its own grid (their spans differ by 1e3x)
         sel = which == b
-        win = float(np.median(steps_own[sel]))
+        # the runs landing in the own admitting steps: those of its span and of the interval - 1
+        # steps before each (model.serving: the own steps' exposure)
+        win = float(np.median(steps_own[sel])) + interval - 1.0
         # open loop: new runs start at lam (td + h_own) / td while this prompt is in flight; a
         # closed loop's idle pool is finite and not left excited, but arrives in wall time over
         # the own steps, h_own longer than the mean step (see the docstring)
