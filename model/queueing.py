@@ -240,18 +240,10 @@ def quantiles_from_pmf(pmf: np.ndarray, grid: np.ndarray, qs) -> np.ndarray:
     return quantiles_from_cdf(cdf / cdf[-1], grid, qs)
 
 
-def expected_max_poisson(mean, n: int, cap: float | None = None):
+def expected_max_poisson(mean, n: int):
     """E[max of n iid Poisson(mean)] = sum_k (1 - F(k)^n), F the Poisson cdf (= mean for n 1);
     beyond a mean of 400 the normal limit mean + sqrt(mean) E[max of n N(0, 1)]. `mean` a
-    number (returns a float) or an array (returns an array of its shape). `cap`: E[min(max,
-    cap)], the sum over k < cap (a number `mean` only)."""
-    if cap is not None:
-        from scipy.stats import poisson
-
-        m, c = max(float(mean), 0.0), max(float(cap), 0.0)
-        k = np.arange(int(np.floor(c)) + 1)
-        tail = 1.0 - poisson.cdf(k, m) ** max(n, 1)
-        return float(tail[:-1].sum() + (c - k[-1]) * tail[-1])
+    number (returns a float) or an array (returns an array of its shape)."""
     m = np.maximum(np.asarray(mean, float), 0.0)
     if n <= 1:
         out = m

@@ -746,15 +746,24 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
     return st
 
 
+def _others_cost(eng: _Engine, own, every, own_seqs, every_seqs, b: float) -> np.ndarray:
+    """Seconds the other lock-stepped ranks' prefill adds to a step whose busiest rank holds
+    `own` tokens (`own_seqs` equal sequences) of the `every` (`every_seqs`) on all ranks:
+    attention runs per rank, so the busiest sets it, but the expert group sees every rank's
+    tokens."""
+    alone = np.asarray(eng.sm.step_time_s(own, eng.c_d, eng.dp * b, eng.c_d, own_seqs,
+                                          prefill_ranks=1.0), float)
+    shared = np.asarray(eng.sm.step_time_s(every, eng.c_d, eng.dp * b, eng.c_d, every_seqs,
+                                           prefill_ranks=np.asarray(every_seqs) / own_seqs),
+                        float)
+    return np.maximum(shared - alone, 0.0)
+
+
 def _shared_chunk_cost(eng: _Engine, chunk: float, b: float) -> np.ndarray:
-    """Seconds j full chunks on j lock-stepped ranks add over one (j = 0..dp): attention runs
-    per rank, so the busiest sets it, but the expert group sees every rank's tokens (DSV4 DEP8
-    on B300: ~42 ms per further 8K chunk, whatever the context)."""
+    """Seconds j full chunks on j lock-stepped ranks add over one (j = 0..dp) through the expert
+    group (DSV4 DEP8 on B300: ~42 ms per further 8K chunk, whatever the context)."""
     j = np.arange(1, eng.dp + 1, dtype=float)
-    one = float(eng.t(chunk, eng.c_d, b))
-    many = np.asarray(eng.sm.step_time_s(j * chunk, eng.c_d, eng.dp * b, eng.c_d, j,
-                                         prefill_ranks=j), float)
-    return np.r_[0.0, np.maximum(many - one, 0.0)]
+    return np.r_[0.0, _others_cost(eng, chunk, j * chunk, 1.0, j, b)]
 
 
 class _SharedSlot:
@@ -801,12 +810,8 @@ class _SharedSlot:
         # their matrix work as `top` sequences of `tokens` (as one sequence of top x tokens the
         # step model would add its attention over itself: 518 against 461 ms for 16 chunks)
         flat = eng.t(own, self.low, self.bb, np.maximum(top, 1.0)) - eng.t(0.0, 0.0, self.bb)
-        both = np.asarray(eng.sm.step_time_s(np.r_[every, own], eng.c_d, eng.dp * self.b,
-                                             eng.c_d, np.r_[np.maximum(total, 1.0),
-                                                            np.maximum(top, 1.0)],
-                                             prefill_ranks=np.r_[every / own, np.ones_like(own)]),
-                          float)
-        others = np.maximum(both[:len(own)] - both[len(own):], 0.0)
+        others = _others_cost(eng, own, every, np.maximum(top, 1.0), np.maximum(total, 1.0),
+                              self.b)
         return np.where(top > 0, top * self.attention + flat + others, 0.0)
 
     def spread(self, chunks: np.ndarray) -> np.ndarray:

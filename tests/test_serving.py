@@ -9,13 +9,7 @@ import numpy as np
 import pytest
 
 from model.policy import EnginePolicy
-from model.queueing import (
-    compound_shot_pmf,
-    expected_max_poisson,
-    kingman_wait_s,
-    mg1_wait_pmf,
-    shot_noise_var,
-)
+from model.queueing import compound_shot_pmf, kingman_wait_s, mg1_wait_pmf, shot_noise_var
 from model.serving import AffineStepModel, _mean_step, serve, threshold_effect
 from model.workload import ClosedLoop, OpenLoop, load_workload
 
@@ -249,15 +243,6 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
     assert out["p90_interactivity_ratio"] == pytest.approx(2.3, rel=0.3)
     assert 0.0 < out["tpgs_gain_max"] <= 0.93 * 1.3
     assert out["tpgs_gain"] > out["tpgs_gain_max"]  # at the SLO the gap is wider
-
-
-def test_a_capped_poisson_max_stops_at_the_budget():
-    # E[min(N, c)] = sum_{k < c} P(N > k), a fraction of the last term for a fractional c:
-    # N ~ Poisson(2): P(N >= 1) = 1 - e^-2 = 0.8647, P(N >= 2) = 1 - 3 e^-2 = 0.5940
-    assert expected_max_poisson(2.0, 1, cap=1.0) == pytest.approx(1 - math.exp(-2), rel=1e-9)
-    assert expected_max_poisson(2.0, 1, cap=1.5) == pytest.approx(
-        1 - math.exp(-2) + 0.5 * (1 - 3 * math.exp(-2)), rel=1e-9)
-    assert expected_max_poisson(2.0, 8, cap=50.0) == pytest.approx(expected_max_poisson(2.0, 8))
 
 
 def test_threshold_dep8_admitting_step_prices_all_ranks_chunks_together():
