@@ -174,13 +174,14 @@ def test_agentx_sample_trace_replay_agreement():
     # The 20 AgentX (WEKA 042026) sample sessions replayed closed-loop, 16 lanes, recorded think
     # times capped at AgentX's 10 s idle cap, threshold 512 (the agreement report's
     # agentx-sample-n16-t512). Against its 10 stored runs of 30,000 s (serving_agreement_sims.csv,
-    # 2026-12-04): TTFT P50 / P90 / P99 +0.5 / +2.0 / +0.3%, TPOT P50 / P90 +4.3 / -2.2%, TPGS
-    # +2.2%; the TPOT P99 parts (-12.9%, in the report's reasons). One 3,000 s run is no
-    # reference: its TTFT P90 read -0.3% on one draw of first sessions and +23.9% on the next
-    # (seed 1, 2026-12-03 / 2026-12-04). The same replay with each turn drawn independently
-    # (sessions=False, 4 seeds' mean) isolates the closed form: TTFT within 10%, TPOT +3.5 /
-    # -3.3 / -11.8% (2026-12-04; -8.9% at P99 on the draw before): the P99 is short here too,
-    # as over 10 long runs with independent turns (-13.7%), the report's open parting.
+    # 2026-12-04): TTFT P50 / P90 / P99 +0.0 / +1.6 / -0.2%, TPOT P50 / P90 / P99 -0.8 / -0.2
+    # / -0.3%, TPGS +0.4% (2026-12-05; the TPOT P99 read -13.4% with Poisson run counts in the
+    # decode window, before the self-excited count of model.serving_tails._run_excitation).
+    # One 3,000 s run is no reference: its TTFT P90 read -0.3% on one draw of first sessions
+    # and +23.9% on the next (seed 1, 2026-12-03 / 2026-12-04). The same replay with each turn
+    # drawn independently (sessions=False, 4 seeds' mean) isolates the closed form: TTFT and
+    # TPOT within 10% (TPOT P50 / P90 / P99 -1.5 / -1.3 / +1.0%, 2026-12-05; the P99 read
+    # -11.8% with Poisson counts).
     import pandas as pd
 
     from model.serving_agreement import SIMS, compare
@@ -193,7 +194,7 @@ def test_agentx_sample_trace_replay_agreement():
     rw = RecordedWorkload(load_trace(sample), "agentx-sample")
     assert rw.hit_rate == pytest.approx(0.950, abs=0.002)  # per-session prefix replay
     rel = compare(pd.read_csv(SIMS), ["agentx-sample-n16-t512"]).set_index("metric")["rel"]
-    keys = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpgs")
+    keys = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "tpgs")
     assert all(abs(rel[k]) < 0.10 for k in keys), rel
     sm = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
     pol, load = EnginePolicy(8192, 256, 512), ClosedLoop(16, 10.0)
@@ -203,8 +204,23 @@ def test_agentx_sample_trace_replay_agreement():
     for metric in ("ttft_s", "tpot_s"):
         mean = {k: np.mean([r[metric][k] for r in runs]) for k in ("p50", "p90", "p99")}
         rel = _rel(getattr(cf, metric), mean)
-        assert abs(rel["p50"]) < 0.10 and abs(rel["p90"]) < 0.10, (metric, rel)
-        assert (abs(rel["p99"]) < 0.10 if metric == "ttft_s" else -0.20 < rel["p99"] < 0.0), rel
+        assert all(abs(v) < 0.10 for v in rel.values()), (metric, rel)
+
+
+def test_one_rank_threshold_decode_windows_see_self_excited_run_counts():
+    # With a threshold on one rank the runs arrive in wall time, so a step that runs extend lets
+    # more arrive: in the simulated replay of the 20 recorded AgentX sessions at 32 lanes 22%
+    # of steps carry prefill, against 31% for Poisson counts of the same mean (3 runs of
+    # 30,000 s, seeds 1, 3, 4, 2026-12-05). The TPOT law's negative-binomial count (the TTFT law's) took the
+    # report's TPOT P90 / P99 there from -14.6 / -21.3% to -8.4 / -2.1% of the 10 stored runs.
+    import pandas as pd
+
+    from model.serving_agreement import SIMS, compare
+
+    rel = compare(pd.read_csv(SIMS), ["agentx-sample-n32-t512"]).set_index("metric")["rel"]
+    assert -0.10 < rel["tpot_p90"] < -0.06
+    assert -0.05 < rel["tpot_p99"] < 0.01
+    assert abs(rel["e2e_p90"]) < 0.10
 
 
 def test_dep8_lockstep_fcfs_against_long_simulations():
@@ -324,7 +340,8 @@ def test_e2e_pairs_each_output_length_with_its_own_ttft():
     # -9.7% / -11.0% (2026-12-03), toward the simulation; the busiest-rank window map of the
     # lock-stepped TPOT law (model.serving_tails._lockstep_masked) then took the DEP row to -7.9%.
     # Against the runs of 2026-12-04 (12,000 s DEP runs, lanes starting in turn-weighted
-    # sessions) and the decode step floored at one sequence on the replica: -2.6% / -8.4%.
+    # sessions) and the decode step floored at one sequence on the replica: -2.6% / -8.4%; with
+    # the one-rank threshold TPOT law's self-excited run count (2026-12-05) -2.6% / -6.4%.
     import pandas as pd
 
     from model.serving_agreement import SIMS, compare
@@ -333,7 +350,7 @@ def test_e2e_pairs_each_output_length_with_its_own_ttft():
     names = ["dsv4-dep8-pop64-n32-t512-iv8", "agentx-pop64-n16-t512"]
     rel = compare(sims, names).set_index(["scenario", "metric"])["rel"]
     assert -0.045 < rel[(names[0], "e2e_p90")] < -0.01
-    assert -0.10 < rel[(names[1], "e2e_p90")] < -0.07
+    assert -0.08 < rel[(names[1], "e2e_p90")] < -0.05
 
 
 def test_agreement_verdict_tells_noise_from_error():
