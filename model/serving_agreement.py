@@ -343,7 +343,10 @@ PREFACE = (
     "one rank a decode window's count of runs is self-excited as a prompt's is (a step the "
     "runs extend lets more arrive: in the replayed sample at 32 lanes 22% of the simulated "
     "steps carry prefill, against 31% for a Poisson count of the same mean): its TPOT P90 / "
-    "P99 went from -14.6 / -21.3% to -8.4 / -2.1%, the 16-lane P99 from -13.4% to -0.3%. "
+    "P99 went from -14.6 / -21.3% to -8.4 / -2.1%, the 16-lane P99 from -13.4% to -0.3%; "
+    "on eight lock-stepped ranks too (a decoding window has no own chunk to mask the "
+    "others'), where the DEP8 cadence-1 TPOT P99s went from -16.5 / -16.3% (128 / 32 "
+    "sessions) to -7.1 / -9.5% and the 32-session P50 from +7.8% to -7.9%. "
     "`pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
@@ -391,17 +394,6 @@ _REASONS = (
      "(agentx-n48 -1.5%). The sessions decoding when a long prompt starts, which now arrive "
      "behind it (2026-12-05), took it from +29.9% to +40.8% (agentx-n48 -5.9% -> -3.5%, "
      "pop64-n48 +9.5% -> +13.4%). Not yet explained"),
-    ("-t512-iv", "tpot",
-     "threshold mode on eight lock-stepped ranks: a window's runs cost what admitting steps "
-     "holding that many chunks cost, at the window's mean count of chunks (whole counts "
-     "mixed). Since 2026-12-05 such a step is priced as the simulator's step model prices it "
-     "(model.serving._SharedSlot: the busiest rank's chunks together, the other ranks' tokens "
-     "in the expert group); it had been the busiest rank's chunks, each priced alone. The "
-     "cadence-8 TPOT P50s went from +13.4% / +11.4% (128 / 256 sessions) to +3.0% / +3.2%, "
-     "the cadence-1 P99 at 128 sessions from -11.3% to -16.5% (53 against 64 ms simulated). "
-     "Windows that runs come and go in count as if the runs overlapped; a count that "
-     "fluctuates inside the window (Poisson) took the cadence-1 P90 to -22% (2026-12-04). "
-     "Not yet explained"),
     ("dsv4-dep8-pop64-n256-t0", "tpot",
      "FCFS on eight lock-stepped ranks at 256 sessions, cadence 8: the TPOT law is too wide "
      "(simulated P50 / P90 / P99 43.3 / 54.2 / 70.6 ms, seed 1, 4,000 s; the closed form "

@@ -192,7 +192,7 @@ def _shared_bins(st: _State, shift: float) -> list:
         own = own + st.delay
     which = _window_bin_index(np.maximum(steps_own, 1.0), steps_own.max() + 2)
     # the runs present at arrival drew arrivals over their own spans
-    eta = _run_excitation(st, k)
+    eta = _run_excitation(st, k) if st.excite else 0.0
     bias = 1.0 + heights / (st.tbar * (1.0 - eta))
     n = 2**13
     out = []
@@ -245,12 +245,10 @@ def _others_above(h: np.ndarray, c: float, m: float, dp: int) -> np.ndarray:
     return (step * p[None, :]).sum(axis=1) - np.asarray(h, float)
 
 
-def _run_excitation(st: _State, k) -> np.ndarray | float:
-    """Per run of k steps, the share eta of a step that draws more arrivals (threshold mode on
-    one rank: runs arrive in wall time, so a step extended by the others' prefill lets more in).
-    A closed loop thins it by E[min(gap, D)] / D over the run's span D."""
-    if not st.excite:
-        return 0.0
+def _run_excitation(st: _State, k) -> np.ndarray:
+    """Per run of k steps, the share eta of a step that draws more arrivals (threshold mode:
+    runs arrive in wall time, so a step extended by the others' prefill lets more in). A closed
+    loop thins it by E[min(gap, D)] / D over the run's span D."""
     return (1.0 - st.td / st.tbar) * (
         1.0 if st.gaps is None else _arrivals_kept(st.gaps, np.asarray(k, float) * st.tbar))
 
@@ -362,13 +360,16 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
     # With lock-stepped DP ranks only a 1/dp share of the runs hold the budget of the window's
     # own rank: the other ranks' prefills complete (and start windows) inside them.
     bias = 1.0 + heights / st.tbar
-    # One rank with a threshold: the runs are self-excited in step time (a step a run extends
-    # lets more arrive), so a window's run count is overdispersed: the TTFT law's negative
-    # binomial (`_excitation_shape`). Poisson counts had the replayed sample's TPOT tail short
-    # (32 lanes: P90 / P99 -14.6 / -21.3%, now -8.4 / -2.1%; 2026-12-05): in the simulator
-    # 22% of the steps carry prefill, against 31% for a Poisson count of the same mean. The start
-    # bias stays (T + h) / T: with the TTFT law's h / (T (1 - eta)) 48-lane P90s read +23-27%.
-    eta = _run_excitation(st, k)
+    # With a threshold the runs are self-excited in step time (a step they extend lets more
+    # arrive), so a window's run count is overdispersed: the TTFT law's negative binomial
+    # (`_excitation_shape`). Poisson counts had the replayed sample's TPOT tail short (one rank,
+    # 32 lanes: P90 / P99 -14.6 / -21.3%, now -8.4 / -2.1%; 2026-12-05): in the simulator 22%
+    # of the steps carry prefill, against 31% for a Poisson count of the same mean. On
+    # lock-stepped ranks too, where the step waits for the busiest rank (DSV4 DEP8, 128
+    # sessions, cadence 1: TPOT P99 -16.5% -> -7.1%); there a prompt's own chunk masks the
+    # others' in its TTFT, but a decoding window has none. The start bias stays (T + h) / T:
+    # with the TTFT law's h / (T (1 - eta)) 48-lane one-rank P90s read +23-27%.
+    eta = _run_excitation(st, k) if st.excite or st.lock is not None else None
     if st.slots is not None:
         # FCFS on lock-stepped ranks a step inside a run lasts td + the run's slot (the other
         # ranks' pieces are masked in it), not the mean step plus the run: at cadence 8 the
@@ -418,6 +419,7 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
             y_max += 8.0 * sd * win
         dy = y_max / TPOT_GRID
         pmf = compound_shot_pmf(lam, heights, k, win, dy, TPOT_GRID, bias,
+                                None if eta is None else
                                 _excitation_shape(eta, lam, heights, k, win), backlog=backlog,
                                 single_inside=st.slots is not None)
         y = np.arange(TPOT_GRID) * dy
