@@ -399,9 +399,17 @@ _REASONS = (
      "(simulated P50 / P90 / P99 43.3 / 54.2 / 70.6 ms, seed 1, 4,000 s; the closed form "
      "reads the P50 low and the P90 / P99 6-8% high). Runs cover ~75% of the slots there, so "
      "the clusters of the shot law overlap nearly all the time, and a window's mean varies "
-     "less than independent clusters give. At -11.4% before the queue behind a run filled "
-     "full slots (2026-12-05), which set the mean step right (103.9 against 106.2 ms) and left "
-     "the law's width as it was"),
+     "less than independent clusters give: the simulated mean step over blocks of 64 / 256 "
+     "/ 1,024 / 4,096 steps has a standard deviation of 32 / 26 / 17 / 6 ms (8,000 s, seed "
+     "1), the shot law's extension 28 / 33 / 34 / 25 ms. A Markov chain of J in slots "
+     "(exponential run ends, heights drawn per slot; tried 2026-12-05, not adopted) gives "
+     "28 / 20 / 11 / 6 ms and per-bin P10 / P50 / P90 within 3 ms of the simulator (the "
+     "TPOT P50 -0.7%), but thin tails: P99 -18% here and -39% / -58% at 128 / 32 sessions, "
+     "cadence 1, where runs are rare and a window's tail is one long cold run. A run's chunks "
+     "share a height and cold runs last ~100 chunks, which the shot law keeps and the chain "
+     "does not; holding one run's height class through the window took the P99 here to "
+     "-14%, not the cadence-1 ones. A law with the chain's mean reversion and the runs' "
+     "persistence is still to come"),
     ("dsv4-dep8", "ttft",
      "lock-stepped ranks at cadence 8: a prompt's chunks run in admitting steps only, each "
      "holding the prefill of the interval's arrivals (since 2026-12-05; spreading the others' "
