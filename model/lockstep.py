@@ -157,15 +157,67 @@ class LockstepSlots:
                     on.append(np.full(phases, n > 0))
                     own_h.append(np.full(phases, oh))
         w, on = np.concatenate(wts), np.concatenate(on)
-        if gaps is not None:
-            cycle = iv * td + float(sl.x_run[1])
-            c = np.maximum(self.full[runs] * sl.stretch * cycle, 1e-12)  # cluster seconds
-            idle = np.minimum(expected_min(np.sort(np.asarray(gaps, float)), c) / c, 1.0)
-            pace = iv * td / cycle
-            kept = float(np.sum(c * (idle + (1.0 - idle) * pace))) / max(float(c.sum()), 1e-300)
-            w = w * np.where(on, kept, 1.0)
+        w = w * np.where(on, self._kept_in_clusters(sl, gaps), 1.0)
         return _compressed(np.concatenate(offs), w / max(float(w.sum()), 1e-300), on,
                            np.concatenate(own_h), points)
+
+    def _kept_in_clusters(self, sl: _SlotLaw, gaps) -> float:
+        """Closed loop: the share of arrivals that still come during a cluster of runs (every
+        step stretches, so the sessions decoding crawl and only those already idle arrive,
+        ever fewer as it lasts: E[min(gap, C)] / C over a cluster of C seconds, the rest at
+        the decode pace); 1 in an open loop (`gaps` None)."""
+        runs = self.full >= 1
+        if gaps is None or not runs.any():
+            return 1.0
+        cycle = self.interval * self.td + float(sl.x_run[1])
+        c = np.maximum(self.full[runs] * sl.stretch * cycle, 1e-12)  # cluster seconds
+        idle = np.minimum(expected_min(np.sort(np.asarray(gaps, float)), c) / c, 1.0)
+        pace = self.interval * self.td / cycle
+        return float(np.sum(c * (idle + (1.0 - idle) * pace))) / max(float(c.sum()), 1e-300)
+
+    def window_chain(self, x: float, t: float, gaps=None) -> SlotChain:
+        """J, the ranks on a run chunk, as a Markov chain in admitting slots, for the TPOT law
+        at mean step `t`. Each busy rank's chunk is its run's last with probability own / (mean
+        chunks a run), each free rank starts a run with probability 1 - exp(-x P(run) length)
+        over the slot; a slot with J = j adds the tallest of j run chunks and the others'
+        pieces (the expert group's share on top). A window opens where a prompt completes: one
+        that reached a free rank, in the next slot (arrivals time-weighted over the slots,
+        thinned over a cluster of runs in a closed loop as in `first_step`), one queued behind
+        a run, as the run ends. The chain forgets which run holds a rank: every slot draws its
+        heights afresh and runs end geometrically, so it keeps J's mean reversion but not a
+        long cold run's persistence (model.serving_tails uses it with the shot law)."""
+        from scipy.stats import binom
+
+        sl = self._slots(x, t)
+        dp, iv, td = self.dp, self.interval, self.td
+        j = np.arange(dp + 1)
+        runs = self.full >= 1
+        length = iv * td + np.r_[_mean(sl.f_quiet, sl.dy), sl.x_run[1:]]
+        own = np.maximum(1.0 - x * self.mean_full * length, 1e-3)
+        ends = np.minimum(own / (float(self.full[runs].mean()) if runs.any() else 1.0), 1.0)
+        starts = 1.0 - np.exp(-x * float(runs.mean()) * length)
+        trans = np.zeros((dp + 1, dp + 1))
+        for a in j:
+            freed = binom.pmf(np.arange(a + 1), a, ends[a])
+            born = binom.pmf(np.arange(dp - a + 1), dp - a, starts[a])
+            np.add.at(trans[a], a - np.arange(a + 1)[:, None] + np.arange(dp - a + 1)[None, :],
+                      freed[:, None] * born[None, :])
+        vals, vecs = np.linalg.eig(trans.T)
+        pi = np.abs(np.real(vecs[:, np.argmin(np.abs(vals - 1.0))]))
+        pi = pi / pi.sum()
+        grid = np.arange(GRID) * sl.dy
+        pmfs = np.zeros((dp + 1, GRID))
+        pmfs[0] = np.diff(np.r_[0.0, sl.f_quiet])
+        for n in j[1:]:
+            cdf = sl.f_run ** n * sl.f_pieces ** ((dp - n) / max(dp - 1, 1))
+            pmfs[n] = np.diff(np.r_[0.0, np.interp(grid - self.shared[n], grid, cdf, left=0.0)])
+        arrive = pi * length * np.where(j > 0, self._kept_in_clusters(sl, gaps), 1.0)
+        at_free = float(np.sum(arrive * (dp - j))) / max(float(arrive.sum()) * dp, 1e-300)
+        free = (arrive @ trans) * (dp - j)  # completes in the next slot, at a free rank
+        behind = pi * j * ends  # completes as the run it queued behind ends
+        opens = (at_free * free / max(float(free.sum()), 1e-300)
+                 + (1.0 - at_free) * behind / max(float(behind.sum()), 1e-300))
+        return SlotChain(trans, pmfs, sl.dy, opens / max(float(opens.sum()), 1e-300))
 
     def run_shots(self, x: float, t: float):
         """For the TPOT law at mean step `t`: (quiet floor per admitting slot, chunks per
@@ -324,6 +376,17 @@ class _MergeLaw:
             sf = 1.0 - np.cumsum(np.maximum(pmf, 0.0))
             total += share * float(np.sum(sf[self.full_at]))
         return total
+
+
+@dataclass
+class SlotChain:
+    """J in admitting slots: transition matrix, per-state pmf of the slot's extension on the
+    grid k·dy, and the law of J in the slot where a decode window opens."""
+
+    trans: np.ndarray
+    pmfs: np.ndarray
+    dy: float
+    opens: np.ndarray
 
 
 @dataclass
