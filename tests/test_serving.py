@@ -263,6 +263,21 @@ def test_threshold_dep8_admitting_step_prices_all_ranks_chunks_together():
     assert r.tpgs == pytest.approx(108.4e3, rel=0.08)
 
 
+def test_dep8_fcfs_tpot_law_keeps_its_spread_where_runs_cover_every_slot():
+    # DeepSeek V4 Pro DEP8 on B300, agentx-v1, FCFS at cadence 8, 575 sessions: runs cover
+    # nearly every admitting slot, and the shot law of the decode windows shrank to its floor
+    # (TPOT P50 / P90 / P99 70.2 / 70.2 / 70.2 ms). Simulated (model.simulate, 24,000 s, seed 1,
+    # 2026-12-05): 59.4 / 69.6 / 81.3 ms. J's slot chain (model.lockstep.SlotChain) still varies
+    # there: 58.9 / 65.0 / 81.8 ms.
+    from model.serving_agreement import dsv4_dep8_b300
+
+    r = serve(dsv4_dep8_b300(), load_workload("agentx-v1"),
+              EnginePolicy(prefill_schedule_interval=8), ClosedLoop(575))
+    assert r.tpot_s["p50"] == pytest.approx(59.4e-3, rel=0.05)
+    assert r.tpot_s["p90"] == pytest.approx(69.6e-3, rel=0.10)
+    assert r.tpot_s["p99"] == pytest.approx(81.3e-3, rel=0.05)
+
+
 def test_threshold_prompts_at_a_cadence_pay_whole_admitting_steps():
     # DEP8 pop64 at 256 sessions, threshold 512, cadence 8 (model.serving_agreement): a prompt's
     # chunks run in admitting steps only, each holding the prefill of the eight steps' arrivals
