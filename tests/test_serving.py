@@ -230,7 +230,8 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
     # and FCFS serves more at high load: the largest gain was +52%, since 2026-12-05 (one
     # FCFS wait law, queued prompts sharing a step) +35%, and with the threshold's admitting
     # step priced with every rank's chunks together +24% (agentx-v1 at 767 sessions, P90 ratio
-    # 2.31). The simulator gives less (agentx-v1, 24,000 s, 323 / 575 / 1,024 sessions:
+    # 2.31); with self-excited decode-window run counts and FCFS windows taking J's slot chain
+    # where it reads higher, +25% at 181 sessions, P90 ratio 2.33 (2026-12-05). The simulator gives less (agentx-v1, 24,000 s, 323 / 575 / 1,024 sessions:
     # +17.3% / +7.5% / +7.1%; the closed form +20.0% / +20.8% / +12.4%), so
     # the claim, an "up to", is checked as a ceiling (papers/vllm-agentx/claims.yaml:
     # at_most, +30%).
