@@ -388,6 +388,20 @@ class SlotChain:
     dy: float
     opens: np.ndarray
 
+    def __post_init__(self) -> None:
+        grid = np.arange(self.pmfs.shape[-1]) * self.dy
+        mean = self.pmfs @ grid
+        self._tallest = (float(mean.max()),
+                         float(np.maximum(self.pmfs @ grid**2 - mean**2, 0.0).max()),
+                         float(grid[np.flatnonzero(self.pmfs.max(axis=0) > 1e-12).max()]))
+
+    def span(self, slots: float) -> float:
+        """A span holding the extension summed over `slots` slots (10 sd past the tallest
+        state's mean, plus one tallest slot)."""
+        mean, var, top = self._tallest
+        m = max(slots, 1.0)
+        return m * mean + 10.0 * np.sqrt(m * var) + top
+
 
 @dataclass
 class _SlotLaw:

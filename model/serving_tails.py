@@ -429,18 +429,14 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         if backlog is not None:
             mean_q = float(np.sum(backlog[0] * backlog[1]))
             y_max += top * (mean_q + 6.0 * np.sqrt(mean_q) + 1.0)
+        sd = abs(slope) * np.sqrt(vb)
+        slots = win / eng.pol.prefill_schedule_interval
         if y_max <= 0:
             if chain is None:
                 out.append((win, weight, np.full(1, floor * win), np.ones(1), 0.0))
-                continue
-            # runs cover every slot: the shot law shrinks to its floor, the chain still varies
-            dz = _chain_span(chain, win / eng.pol.prefill_schedule_interval) / TPOT_GRID
-            pc = _chain_sum_pmf(chain, win / eng.pol.prefill_schedule_interval, dz, TPOT_GRID)
-            y, pmf = _with_batch_noise(np.arange(TPOT_GRID) * dz, pc, dz,
-                                       abs(slope) * np.sqrt(vb) * win)
-            out.append((win, weight, y, pmf, 0.0))
+            else:  # runs cover every slot: the shot law shrinks to its floor, the chain varies
+                out.append((win, weight, *_chain_window(chain, slots, 0.0, sd * win), 0.0))
             continue
-        sd = abs(slope) * np.sqrt(vb)
         if masking is None:
             y_max += 8.0 * sd * win
         dy = y_max / TPOT_GRID
@@ -456,24 +452,18 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         y, pmf = _with_batch_noise(y, pmf, dy, sd * win)
         y = y + floor * win
         if chain is not None:
-            dz = max(float(y[-1]), _chain_span(chain, win / eng.pol.prefill_schedule_interval)
-                     ) / TPOT_GRID
-            pc = _chain_sum_pmf(chain, win / eng.pol.prefill_schedule_interval, dz, TPOT_GRID)
-            y, pmf = _upper_envelope(y, pmf, *_with_batch_noise(np.arange(TPOT_GRID) * dz, pc,
-                                                                dz, sd * win))
+            y, pmf = _upper_envelope(y, pmf, *_chain_window(chain, slots, float(y[-1]),
+                                                            sd * win))
         out.append((win, weight, y, pmf, 0.0))
     return out
 
 
-def _chain_span(chain, slots: float) -> float:
-    """A span holding the extension summed over `slots` slots of `chain` (10 sd past the
-    tallest state's mean, plus one tallest slot)."""
-    grid = np.arange(chain.pmfs.shape[-1]) * chain.dy
-    mean = chain.pmfs @ grid
-    var = np.maximum(chain.pmfs @ grid**2 - mean**2, 0.0)
-    top = float(grid[np.flatnonzero(chain.pmfs.max(axis=0) > 1e-12).max()])
-    m = max(slots, 1.0)
-    return m * float(mean.max()) + 10.0 * np.sqrt(m * float(var.max())) + top
+def _chain_window(chain, slots: float, span: float, noise_sd: float):
+    """(y, pmf) of the extension a window of `slots` admitting slots sees under `chain`, on a
+    grid reaching at least `span`, with the decode-batch noise folded in."""
+    dz = max(span, chain.span(slots)) / TPOT_GRID
+    return _with_batch_noise(np.arange(TPOT_GRID) * dz,
+                             _chain_sum_pmf(chain, slots, dz, TPOT_GRID), dz, noise_sd)
 
 
 def _chain_sum_pmf(chain, slots: float, dz: float, n: int) -> np.ndarray:
