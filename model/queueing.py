@@ -47,75 +47,27 @@ def shot_noise_var(rate_per_step: float, heights, lengths, windows):
     return rate_per_step * (g * h2[None, :]).mean(axis=1)
 
 
-def mg1_wait_pmf(service_s, rho: float, dt: float, n: int, gaps_s=None,
-                 arrival_rate: float | None = None,
-                 decoding: tuple[float, np.ndarray] | None = None) -> tuple[np.ndarray, float]:
-    """Waiting-time pmf on the grid k·dt (k < n) of a FCFS single server, and the probability
-    an arrival finds it busy.
-
-    Infinite source (`gaps_s` None): M/G/1, Pollaczek-Khinchine transform: W is a geometric(ρ)
-    number of equilibrium residual service times, density (1 - F(x)) / E[S]; summed by FFT.
-    Finite source (closed loop, `gaps_s` = the idle-time sample of the sessions): while a long
-    job is in service the idle sessions arrive only as fast as their gaps run out, so arrivals
-    land at elapsed time y of a job with density ∝ P(Z > y) instead of uniformly (the residual
-    of the idle period, renewal theory); ρ becomes X·E[min(S, Z)]. This is what keeps one huge
-    cold prefill from queueing more sessions than exist. `decoding` = (b, decode times at the
-    pace beside a job): the b sessions decoding when a job starts arrive too, after the rest of
-    their decode (its equilibrium residual D) and a fresh gap, at density b f_{D+Z}(y)."""
+def mg1_wait_pmf(service_s, rho: float, dt: float, n: int) -> tuple[np.ndarray, float]:
+    """Waiting-time pmf on the grid k·dt (k < n) of a FCFS single server fed by Poisson
+    arrivals (M/G/1), and the probability an arrival finds it busy (ρ): Pollaczek-Khinchine
+    transform, W a geometric(ρ) number of equilibrium residual service times, density
+    (1 - F(x)) / E[S], summed by FFT. A closed loop's queue: model.finite_source."""
     s = np.sort(np.asarray(service_s, float))
     out = np.zeros(n)
     if rho <= 0 or s.mean() <= 0:
         out[0] = 1.0
         return out, 0.0
     m = 2 * n  # zero padding keeps the circular sums from wrapping
-    if gaps_s is None:
-        edges = np.arange(n + 1) * dt
-        # the residual's mass in cell [i dt, (i + 1) dt), half to each end (as the finite
-        # source's below: at the left point the wait came out half a cell short)
-        resid = np.diff(expected_min(s, edges)) / s.mean()
-        resid = 0.5 * (resid + np.r_[0.0, resid[:-1]])
-        busy = rho
-    else:
-        z = np.sort(np.asarray(gaps_s, float))
-        # P(Z > y) at the middle of each elapsed cell [(i - 1) dt, i dt), i >= 1
-        mid = (np.arange(n) - 0.5) * dt
-        surv = np.where(mid > 0, 1.0 - np.searchsorted(z, mid, side="right") / len(z), 0.0)
-        late = 0.0
-        if decoding is not None and decoding[0] > 0 and arrival_rate:
-            # the sessions decoding when the job starts keep decoding beside it, then idle
-            # for a fresh gap and arrive: at elapsed D + Z (D the rest of the decode, its
-            # equilibrium residual), b of them where the idle ones number X E[Z]
-            g = _residual_plus_gap(np.asarray(decoding[1], float), z, dt, n)
-            surv = surv + decoding[0] / arrival_rate * np.where(mid > 0, g / dt, 0.0)
-            late = decoding[0] * float(np.mean(np.interp(s, np.arange(n) * dt, np.cumsum(g))))
-        jobs = split_bins(s / dt, None, n) / len(s)  # unbiased on a coarse grid
-        # resid[x] = sum_i jobs[x + i] · surv[i] · dt: an arrival in elapsed cell i of a job of
-        # x + i cells leaves between x and x + 1 cells, so half goes to each grid point
-        corr = np.fft.irfft(np.fft.rfft(jobs, m) * np.conj(np.fft.rfft(surv, m)), m)[:n]
-        resid = np.maximum(corr, 0.0) * dt
-        resid = 0.5 * (resid + np.r_[0.0, resid[:-1]])
-        # the busy share X E[min(S, Z)] from the samples (the grid's sum had counted every
-        # job up to a cell long: AgentX at 48 sessions on 4,096 points, 0.28 for 0.19)
-        busy = float((arrival_rate or 0.0) * np.mean(expected_min(z, s))) + late
-        if busy >= 1.0:
-            busy = min(busy, 0.999)
+    edges = np.arange(n + 1) * dt
+    # the residual's mass in cell [i dt, (i + 1) dt), half to each end (at the left point the
+    # wait came out half a cell short)
+    resid = np.diff(expected_min(s, edges)) / s.mean()
+    resid = 0.5 * (resid + np.r_[0.0, resid[:-1]])
     resid = resid / max(resid.sum(), 1e-300)
     r_hat = np.fft.rfft(resid, m)
-    w_hat = (1.0 - busy) / (1.0 - busy * r_hat)
+    w_hat = (1.0 - rho) / (1.0 - rho * r_hat)
     pmf = np.maximum(np.fft.irfft(w_hat, m)[:n], 0.0)
-    return pmf / max(pmf.sum(), 1e-300), busy
-
-
-def _residual_plus_gap(decode_s: np.ndarray, gaps: np.ndarray, dt: float, n: int) -> np.ndarray:
-    """pmf on the elapsed cells [(i - 1) dt, i dt) of D + Z: D the equilibrium residual of a
-    decode (density P(W > y) / E[W]), Z a fresh idle gap."""
-    edges = np.arange(n + 1) * dt
-    w = np.sort(decode_s)
-    resid = np.diff(expected_min(w, edges)) / max(float(w.mean()), 1e-300)
-    gap = np.diff(np.searchsorted(np.sort(gaps), edges, side="right")) / len(gaps)
-    m = 2 * n
-    both = np.maximum(np.fft.irfft(np.fft.rfft(resid, m) * np.fft.rfft(gap, m), m)[:n], 0.0)
-    return np.r_[0.0, both[:-1]]  # cell i holds [(i - 1) dt, i dt)
+    return pmf / max(pmf.sum(), 1e-300), rho
 
 
 def split_bins(pos: np.ndarray, weights, n: int) -> np.ndarray:

@@ -47,13 +47,13 @@ import numpy as np
 import pandas as pd
 
 from model.errors import ServecastError
+from model.finite_source import fcfs_wait_pmf
 from model.lockstep import LockstepSlots
 from model.policy import EnginePolicy
 from model.queueing import (
     expected_max_occupancy,
     expected_max_poisson,
     kingman_wait_s,
-    mg1_wait_pmf,
 )
 from model.serving_cache import CacheEffect
 from model.serving_tails import (
@@ -473,18 +473,20 @@ class _State:
 WAIT_GRID_FAST = 2**12
 
 
-def _wait_law(service: np.ndarray, rho: float, x: float, gaps, n: int, decoding=None):
-    """(dt, busy probability, wait pmf) of the FCFS prefill queue on an n-point grid."""
+def _wait_law(service: np.ndarray, rho: float, x: float, gaps, n: int, decoding=None,
+              extra: float = 0.0):
+    """(dt, busy probability, wait pmf) of the FCFS prefill queue on an n-point grid; `extra`:
+    the mean time a prompt spends past its wait and service before its first token."""
     s_max = float(service.max())
     t_max = 4.0 * s_max + 20.0 * float(service.mean()) / max(1.0 - rho, 0.02)
     dt = t_max / n
-    pmf, busy = mg1_wait_pmf(service, rho, dt, n, gaps, x if gaps is not None else None,
-                             decoding)
+    pmf, busy = fcfs_wait_pmf(service, rho, dt, n, gaps, x, decoding,
+                              float(np.mean(service)) + extra)
     return dt, busy, pmf
 
 
 def _merged_queue(service, saved, last_step, x: float, ca2: float, gaps, decoding,
-                  start: float):
+                  start: float, extra: float = 0.0):
     """FCFS prefill queue where a prompt queued when its predecessor's last step starts saves
     `saved` of its service: (queued, service, busy, mean wait, cs2, wait pmf, grid step), or
     None when even all of them merging leaves utilization >= 1. `queued` = P(W > L), the wait
@@ -499,7 +501,7 @@ def _merged_queue(service, saved, last_step, x: float, ca2: float, gaps, decodin
             return None
         cs2 = float(s.var() / max(s.mean() ** 2, 1e-30))
         if gaps is not None:  # closed loop: finite-source wait (the thinned P-K law)
-            dt, busy, pmf = _wait_law(s, rho, x, gaps, WAIT_GRID_FAST, decoding)
+            dt, busy, pmf = _wait_law(s, rho, x, gaps, WAIT_GRID_FAST, decoding, extra)
             grid = np.arange(len(pmf)) * dt
             p = float(np.sum(pmf * np.searchsorted(ls, grid, side="right"))) / len(ls)
             return p, s, busy, float(np.sum(pmf * grid)), cs2, pmf, dt
@@ -665,13 +667,16 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # read 47.7 s and 10.3 s, the mean TTFT 49.8 s against 14.5 s simulated, and the
         # closed loop's TPGS 18% short
         q_service = q_service - run_h
+        extra = float(np.sum(run_offsets * run_weights))
+        if own_h is not None:
+            extra -= hidden
         # A prompt queued when its predecessor's last step starts rides in that step when the
         # step's room holds its last chunk (q_merge): the server spends no decode step of its
         # own on it (the engine packs queued prompts into one budget; one step each had the
         # DEP8 TTFT P90 at 256 sessions +11%, mean TTFT 4.20 s against 4.02 s simulated)
         queue = _merged_queue(q_service, q_merge * td, last_step, x, ca2,
                               eng.queue.z if n_sessions else None, decoding,
-                              eng.hint.get("queued", 0.0))
+                              eng.hint.get("queued", 0.0), extra)
         if queue is None:
             rho_p = x * float(np.mean(q_service - q_merge * td))
             return _State(x, b, td, tbar, k, ext, service, rho_p, 0.0, share,
@@ -683,9 +688,6 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         # the queue's wait covers arrivals during a prefill; idle arrivals wait out half a
         # decode step
         base = service - run_h  # the mixture's mean first-step extension is in `extra`
-        extra = float(np.sum(run_offsets * run_weights))
-        if own_h is not None:
-            extra -= hidden
         # The server works on tokens, not requests: a prompt's last step has `room` tokens of
         # budget left, which the scheduler hands to the next queued prompt, so that step (and
         # this prompt's first token) lasts longer by the next prompt's chunk. The next prompt is

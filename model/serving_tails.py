@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from model.finite_source import fcfs_wait_pmf
 from model.queueing import (
     compound_shot_pmf,
     expected_max_occupancy,
     expected_max_poisson,
     expected_min,
-    mg1_wait_pmf,
     quantiles_from_cdf,
     quantiles_from_pmf,
     shot_noise_var,
@@ -126,11 +126,8 @@ def _wait_law(st: _State, admit_wait: float):
     t_max = max(4.0 * float(service.max()), 1.5 * float(base.max())) \
         + 40.0 * st.wait_mean / max(st.rho_p, 0.05)
     dt = t_max / TTFT_GRID
-    if st.gaps is not None:
-        wait, busy = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID, st.gaps, st.x,
-                                  st.decoding)
-    else:
-        wait, busy = mg1_wait_pmf(service, st.rho_p, dt, TTFT_GRID)
+    wait, busy = fcfs_wait_pmf(service, st.rho_p, dt, TTFT_GRID, st.gaps, st.x, st.decoding,
+                               float(np.mean(service)) + st.extra)
     grid = np.arange(TTFT_GRID) * dt
     if st.wait_scale != 1.0:  # Kingman: bursty arrivals stretch the wait
         cdf = np.interp(grid / st.wait_scale, grid, np.cumsum(wait))

@@ -48,21 +48,41 @@ def test_mg1_transform_matches_mm1_tail():
     assert float(pmf[grid > 2.0].sum()) == pytest.approx(0.7 * math.exp(-0.3 * 2.0), rel=0.01)
 
 
-def test_finite_source_wait_counts_the_sessions_decoding_at_the_start():
-    # Every job 4 s, every idle gap 1 s, X = 0.1 arrivals/s. The sessions idle when a job
-    # starts arrive within it at density X P(Z > y): busy share X E[min(S, Z)] = 0.1 (the
-    # finite-source law, model.queueing). The b = 0.5 sessions decoding then (each with 6 s of
-    # decode, so its rest D is uniform on [0, 6]) arrive after D + Z: within the job when
-    # D < 3, half of them, 0.25 more. By hand: P(the server is busy) = 0.35, the wait's atom
-    # at zero 0.65.
-    from model.queueing import mg1_wait_pmf
+def test_finite_source_wait_is_pollaczek_khinchine_when_the_sessions_are_many():
+    # Gaps of 10^6 s: the idle sessions arrive as a Poisson stream at X = 0.5/s over any busy
+    # period, so the closed loop's queue is M/D/1 with 1 s services: P(busy) = rho = 0.5 and
+    # the mean wait rho S / (2 (1 - rho)) = 0.5 s (Pollaczek-Khinchine, research/theory.md §6)
+    from model.finite_source import finite_source_wait_pmf
 
-    service, gaps = np.full(100, 4.0), np.full(100, 1.0)
-    pmf, busy = mg1_wait_pmf(service, 0.4, 0.01, 4096, gaps, 0.1)
-    assert busy == pytest.approx(0.1, rel=1e-3)
-    pmf, busy = mg1_wait_pmf(service, 0.4, 0.01, 4096, gaps, 0.1, (0.5, np.full(100, 6.0)))
-    assert busy == pytest.approx(0.35, rel=1e-2)
-    assert pmf[0] == pytest.approx(0.65, rel=1e-2)
+    pmf, busy = finite_source_wait_pmf(np.full(100, 1.0), 0.01, 4096, np.full(100, 1e6), 0.5)
+    assert busy == pytest.approx(0.5, rel=1e-3)
+    assert float(np.sum(pmf * np.arange(4096) * 0.01)) == pytest.approx(0.5, rel=1e-3)
+
+
+def test_finite_source_wait_drains_the_idle_pool_over_a_busy_period():
+    # Every job 4 s, every gap 1 s, X = 0.24/s, nobody decoding. A busy period's idle sessions
+    # all arrive within its first second (density X while their gaps run out), during its first
+    # job: K ~ Poisson(L) of them, at y uniform on [0, 1], each waiting 4 - y plus 4 s per
+    # earlier one (L y of them): E[W] = busy (3.5 + 2 L), busy = L / (1 + L); the jobs after
+    # it see no arrivals. L is the pool at the start, X E[Z] plus the sessions queued or in
+    # service on average, X (E[W] + 4), less the opener: L = 0.24 E[W] + 0.2. By hand (the
+    # fixed point): E[W] = 1.916 s, busy = 0.3975
+    from model.finite_source import finite_source_wait_pmf
+
+    pmf, busy = finite_source_wait_pmf(np.full(100, 4.0), 0.01, 4096, np.full(100, 1.0), 0.24)
+    assert busy == pytest.approx(0.3975, rel=3e-3)
+    assert float(np.sum(pmf * np.arange(4096) * 0.01)) == pytest.approx(1.916, rel=3e-3)
+
+
+def test_sessions_decoding_at_a_busy_periods_start_arrive_after_their_decode_and_a_gap():
+    # Each decode 6 s long, so the rest D of one in progress is uniform on [0, 6]; gaps 1 s:
+    # P(D + Z < 4 s) = P(D < 3) = 0.5, P(D + Z < 7 s) = 1
+    from model.finite_source import _decoders_arrived
+
+    edges = np.arange(1001) * 0.01
+    got = _decoders_arrived(np.full(100, 6.0), np.full(100, 1.0), edges)
+    assert got[400] == pytest.approx(0.5, abs=0.01)
+    assert got[700] == pytest.approx(1.0, abs=0.01)
 
 
 def test_queued_prompts_sharing_the_last_step_save_their_step_in_the_queue():
