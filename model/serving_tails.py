@@ -32,6 +32,8 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 TTFT_GRID = 2**18
 E2E_TTFT_GROUPS = 5  # TTFT laws by output length the E2E law pairs (`_e2e_interactivity`)
+# FCFS: TTFT quantiles where the E2E law splits the backlog a request's decode window sees
+E2E_SOJOURN_SLICES = (0.5, 0.8, 0.9, 0.95)
 TPOT_GRID = 4096
 WINDOW_BINS = 20
 
@@ -296,7 +298,7 @@ def _fcfs_backlog(st: _State, x: float, ttft_law, n_rank: float | None, points: 
     """FCFS: the prompts queued behind one when its prefill ends, which its decode window then
     sees prefilled: those who arrived on its rank during its sojourn (arrival to first token),
     Poisson of mean x T over the TTFT law (M/G/1: a departure leaves behind the arrivals during
-    its sojourn; a closed loop thins it). Returns (means, weights) on `points` TTFT quantiles."""
+    its sojourn; a closed loop thins it). Returns (means, weights, sojourns) on `points` TTFT quantiles."""
     grid, pmf = ttft_law
     cdf = np.cumsum(pmf) / max(float(pmf.sum()), 1e-300)
     qs = (np.arange(points) + 0.5) / points
@@ -306,7 +308,7 @@ def _fcfs_backlog(st: _State, x: float, ttft_law, n_rank: float | None, points: 
         means = means * _arrivals_kept(st.gaps, t)
     if n_rank:  # ... and the arrivals are the other sessions' (this one is in the system)
         means = means * max(1.0 - 1.0 / n_rank, 0.0)
-    return means, np.full(points, 1.0 / points)
+    return means, np.full(points, 1.0 / points), t
 
 
 def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None, ttft_law):
@@ -417,29 +419,30 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         # it is the lower, so a window takes the larger of the two at every level: P50 -0.7%
         # at 256 sessions, the tails as before (2026-12-05).
         chain = st.slots.window_chain(x, st.tbar, st.gaps if n_rank else None)
-    out = []
-    for win, weight, vb in zip(reps, weights, var_b, strict=True):
+    def window_law(win: float, vb: float, queued) -> tuple[np.ndarray, np.ndarray]:
+        """(y, pmf) of the extension a window of `win` steps sees, `queued` the FCFS backlog
+        (means, weights) when it opens."""
         mean_y = lam * win * float((heights * k).mean())
         var_y = float(shot_noise_var(lam, heights, k, np.array([win]))[0])
         top = float((heights * np.minimum(k, win)).max())
         y_max = mean_y + 12.0 * np.sqrt(var_y) + top
-        if backlog is not None:
-            mean_q = float(np.sum(backlog[0] * backlog[1]))
+        if queued is not None:
+            mean_q = float(np.sum(queued[0] * queued[1]))
             y_max += top * (mean_q + 6.0 * np.sqrt(mean_q) + 1.0)
         sd = abs(slope) * np.sqrt(vb)
         slots = win / eng.pol.prefill_schedule_interval
         if y_max <= 0:
             if chain is None:
-                out.append((win, weight, np.full(1, floor * win), np.ones(1), 0.0))
-            else:  # runs cover every slot: the shot law shrinks to its floor, the chain varies
-                out.append((win, weight, *_chain_window(chain, slots, 0.0, sd * win), 0.0))
-            continue
+                return np.full(1, floor * win), np.ones(1)
+            # runs cover every slot: the shot law shrinks to its floor, the chain varies
+            return _chain_window(chain, slots, 0.0, sd * win)
         if masking is None:
             y_max += 8.0 * sd * win
         dy = y_max / TPOT_GRID
         pmf = compound_shot_pmf(lam, heights, k, win, dy, TPOT_GRID, bias,
                                 None if eta is None else
-                                _excitation_shape(eta, lam, heights, k, win), backlog=backlog,
+                                _excitation_shape(eta, lam, heights, k, win),
+                                backlog=None if queued is None else queued[:2],
                                 single_inside=st.slots is not None)
         y = np.arange(TPOT_GRID) * dy
         if masking is not None:
@@ -451,8 +454,24 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         if chain is not None:
             y, pmf = _upper_envelope(y, pmf, *_chain_window(chain, slots, float(y[-1]),
                                                             sd * win))
-        out.append((win, weight, y, pmf, 0.0))
+        return y, pmf
+
+    out = _WindowLaws((win, weight, *window_law(win, vb, backlog), 0.0)
+                      for win, weight, vb in zip(reps, weights, var_b, strict=True))
+    if backlog is not None:
+        out.backlog = backlog
+        noise = dict(zip(reps, var_b, strict=True))
+        out.law = lambda win, queued: window_law(win, noise[win], queued)
     return out
+
+
+class _WindowLaws(list):
+    """Per window bin (window, weight, y, pmf, sd); with an FCFS backlog also `backlog` (means,
+    weights, sojourns) and `law(window, backlog)`, the bin's law under part of it (the E2E law
+    pairs a request's TTFT with the backlog its sojourn leaves)."""
+
+    backlog = None
+    law = None
 
 
 def _chain_window(chain, slots: float, span: float, noise_sd: float):
@@ -588,6 +607,36 @@ def _trimmed(law) -> tuple[np.ndarray, np.ndarray, float]:
     return np.minimum(t_val, t_hi), t_p, t_hi
 
 
+def _sojourn_slices(dists):
+    """FCFS: [(TTFT from, to, backlog)] splitting the backlog (`_fcfs_backlog`) at the TTFT
+    quantiles E2E_SOJOURN_SLICES, so that a request's decode window sees the prompts its own
+    sojourn left queued; None without a backlog."""
+    if getattr(dists, "law", None) is None:
+        return None
+    means, weights, sojourn = dists.backlog
+    levels = (np.arange(len(means)) + 0.5) / len(means)
+    cuts = np.searchsorted(levels, E2E_SOJOURN_SLICES)
+    edges = np.r_[-np.inf, 0.5 * (sojourn[cuts - 1] + sojourn[cuts]), np.inf]
+    return [(edges[j], edges[j + 1], (means[part], weights[part] / weights[part].sum(),
+                                      sojourn[part]))
+            for j, part in enumerate(np.split(np.arange(len(means)), cuts))]
+
+
+def _e2e_ratio(t_val, t_p, t_hi: float, y, pmf, win: float, td: float, q: float):
+    """(grid, cdf) of E2EL / OSL for one window bin: TTFT (values, probabilities, top) plus
+    win decode steps td plus the window's extension Y (y, pmf), over OSL = win q + 1."""
+    h = max(float(y[1] - y[0]) if len(y) > 1 else 0.0, t_hi / 2**14, 1e-9)
+    lo_y = float(y[0])
+    n_t = int(t_val.max() / h) + 2
+    n_y = int((float(y[-1]) - lo_y) / h) + 2
+    a = np.bincount((t_val / h).astype(int), t_p, minlength=n_t)
+    c = np.bincount(((np.asarray(y) - lo_y) / h).astype(int), pmf / pmf.sum(), minlength=n_y)
+    n = n_t + n_y
+    z = np.maximum(np.fft.irfft(np.fft.rfft(a, n) * np.fft.rfft(c, n), n), 0.0)
+    grid = (np.arange(n) + 0.5) * h + lo_y + win * td
+    return grid / (win * q + 1.0), np.cumsum(z) / z.sum()
+
+
 def _e2e_interactivity(eng: _Engine, st: _State, admit_wait: float, dists) -> np.ndarray:
     """Quantiles of InferenceX AgentX's "E2E normalized interactivity", 1 / pXX of E2EL / OSL
     (its North Star metric: TTFT counts, spread over the request's output), where E2EL = TTFT +
@@ -608,22 +657,22 @@ def _e2e_interactivity(eng: _Engine, st: _State, admit_wait: float, dists) -> np
     group = np.minimum((share - 1e-9) * E2E_TTFT_GROUPS, E2E_TTFT_GROUPS - 1).astype(int)
     laws = {}
     parts = []
+    slices = _sojourn_slices(dists)
     for g, (win, weight, y, pmf, _) in zip(group, dists, strict=True):
         if g not in laws:
             laws[g] = _trimmed(_ttft_distribution(st, admit_wait,
                                                   idx[np.isin(which, bins[group == g])]))
         t_val, t_p, t_hi = laws[g]
-        # E2EL = TTFT + win * td + Y on a grid fine enough for both laws
-        h = max(float(y[1] - y[0]) if len(y) > 1 else 0.0, t_hi / 2**14, 1e-9)
-        lo_y = float(y[0])
-        n_t = int(t_val.max() / h) + 2
-        n_y = int((float(y[-1]) - lo_y) / h) + 2
-        a = np.bincount((t_val / h).astype(int), t_p, minlength=n_t)
-        c = np.bincount(((np.asarray(y) - lo_y) / h).astype(int), pmf / pmf.sum(), minlength=n_y)
-        n = n_t + n_y
-        z = np.maximum(np.fft.irfft(np.fft.rfft(a, n) * np.fft.rfft(c, n), n), 0.0)
-        grid = (np.arange(n) + 0.5) * h + lo_y + win * st.td_seen
-        parts.append((grid / (win * q + 1.0), np.cumsum(z) / z.sum(), weight))
+        if slices is None:
+            parts.append((*_e2e_ratio(t_val, t_p, t_hi, y, pmf, win, st.td_seen, q), weight))
+            continue
+        for lo, hi, queued in slices:
+            inside = (t_val >= lo) & (t_val < hi)
+            mass = float(t_p[inside].sum())
+            if mass > 0:
+                parts.append((*_e2e_ratio(t_val[inside], t_p[inside] / mass, t_hi,
+                                          *dists.law(win, queued), win, st.td_seen, q),
+                              weight * mass))
     total = sum(w for _, _, w in parts)
     lo = max(min(float(g[0]) for g, _, _ in parts), 1e-9)
     hi = max(float(g[-1]) for g, _, _ in parts)
