@@ -487,8 +487,9 @@ def write_report(names=None, reuse_sims: bool = False) -> str:
         "",
         "Where they part, and why:",
         "",
-        *[f"- `{r.scenario}` {r.metric}: {100 * r.rel:+.1f}% (simulation CV "
-          f"{100 * r.sim_cv:.1f}%): {_why(r.scenario, r.metric)}" for r in parts.itertuples()],
+        *([f"- `{r.scenario}` {r.metric}: {100 * r.rel:+.1f}% (simulation CV "
+           f"{100 * r.sim_cv:.1f}%): {_why(r.scenario, r.metric)}" for r in parts.itertuples()]
+          or ["- none: every entry agrees or sits within its simulation's noise."]),
         "",
         "Seed-to-seed coefficient of variation of the simulated metric (%): how far one "
         "simulation can be trusted.",
