@@ -298,7 +298,8 @@ def _fcfs_backlog(st: _State, x: float, ttft_law, n_rank: float | None, points: 
     """FCFS: the prompts queued behind one when its prefill ends, which its decode window then
     sees prefilled: those who arrived on its rank during its sojourn (arrival to first token),
     Poisson of mean x T over the TTFT law (M/G/1: a departure leaves behind the arrivals during
-    its sojourn; a closed loop thins it). Returns (means, weights, sojourns) on `points` TTFT quantiles."""
+    its sojourn; a closed loop thins it). Returns (means, weights, sojourns T) on `points` TTFT
+    quantiles."""
     grid, pmf = ttft_law
     cdf = np.cumsum(pmf) / max(float(pmf.sum()), 1e-300)
     qs = (np.arange(points) + 0.5) / points
@@ -421,7 +422,7 @@ def _tpot_distributions(eng: _Engine, st: _State, x: float, n_rank: float | None
         chain = st.slots.window_chain(x, st.tbar, st.gaps if n_rank else None)
     def window_law(win: float, vb: float, queued) -> tuple[np.ndarray, np.ndarray]:
         """(y, pmf) of the extension a window of `win` steps sees, `queued` the FCFS backlog
-        (means, weights) when it opens."""
+        when it opens (`_fcfs_backlog`, or a slice of it)."""
         mean_y = lam * win * float((heights * k).mean())
         var_y = float(shot_noise_var(lam, heights, k, np.array([win]))[0])
         top = float((heights * np.minimum(k, win)).max())
@@ -643,9 +644,10 @@ def _e2e_interactivity(eng: _Engine, st: _State, admit_wait: float, dists) -> np
     window x decode step and OSL = window x q + 1 per window bin. Each window bin pairs with the
     TTFT law of its own requests, grouped with neighbouring bins into E2E_TTFT_GROUPS groups of
     about equal requests (long prompts come with long outputs in agentic sessions, and a long
-    output dilutes its TTFT; the queue they meet is the whole mix's); within a bin TTFT and the
-    window's steps are independent. Returned in tok/s, in QUANTILES order (P90 = the
-    rate 90% of requests get)."""
+    output dilutes its TTFT; the queue they meet is the whole mix's). With FCFS a request's
+    window sees the backlog its own sojourn left (`_sojourn_slices`); otherwise within a bin
+    TTFT and the window's steps are independent. Returned in tok/s, in QUANTILES order (P90 =
+    the rate 90% of requests get)."""
     if not dists:
         return np.full(len(QUANTILES), np.nan)
     q = eng.q

@@ -395,14 +395,20 @@ def test_e2e_normalized_interactivity_folds_ttft_into_the_rate():
 
 
 def test_e2e_normalized_interactivity_agrees_on_agentx_sessions():
-    # Shared 64-session AgentX population at 48 sessions, threshold off and 512: E2E normalized
-    # P90 against the simulator's per-request E2EL / OSL. Measured 2026-12-02: -6.0% and -4.7%
-    # (data/calibration/serving_agreement.md); the fixed 8k/1k closed loop -3.2%.
-    from model.serving_agreement import agreement
+    # Shared 64-session AgentX population at 48 sessions, threshold off and 512, and the fixed
+    # 8k/1k closed loop: E2E normalized P90 against the simulator's per-request E2EL / OSL.
+    # Measured 2026-12-02 against one run each: -6.0% / -4.7% / -3.2%. One run of 12,000 s
+    # varies too much for that: on 2026-12-05 the closed form's TTFT P90 read -27% against that
+    # run and -1.9% against the ten seeds' mean, its E2E P90 +16% and -0.3%. Against the 10
+    # stored seeds (data/calibration/serving_agreement_sims.csv): -0.3% / -2.3% / -3.5%.
+    import pandas as pd
 
-    for name in ("agentx-pop64-n48", "agentx-pop64-n48-t512"):
-        d = agreement(name)
-        assert abs(d["e2e_p90"]) < 0.10, (name, d)
+    from model.serving_agreement import SIMS, compare
+
+    names = ["agentx-pop64-n48", "agentx-pop64-n48-t512", "fixed-8k1k-think10-n32"]
+    d = compare(pd.read_csv(SIMS), names).set_index(["scenario", "metric"])["rel"]
+    for name, want in zip(names, (-0.003, -0.023, -0.035), strict=True):
+        assert d[(name, "e2e_p90")] == pytest.approx(want, abs=0.02), d
 
 
 def test_fcfs_ttft_body_draws_the_shared_last_step_with_the_own_wait():
