@@ -24,7 +24,7 @@ from model.queueing import expected_min, mg1_wait_pmf, split_bins
 # its mean in the Poisson count ahead
 ARRIVAL_BINS = np.array([0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 11.0, 15.0, 20.0,
                          30.0, np.inf])
-SERVICE_GROUPS = 256  # equal-count groups of the service sample in the chain
+SERVICE_GROUPS = 64  # groups of the service sample in the chain (`finite_source_wait_pmf`)
 # the law is built on at most this many cells and spread onto a finer grid: a cell of 7 ms on
 # AgentX (its quantiles moved under 0.5% against 2**18 cells, at a quarter of the time)
 LAW_CELLS = 2**16
@@ -72,7 +72,13 @@ def finite_source_wait_pmf(service_s, dt: float, n: int, gaps_s, arrival_rate: f
     dec = np.zeros(n + 1)
     if decoding is not None and decoding[0] > 0:
         dec = decoding[0] * _decoders_arrived(np.asarray(decoding[1], float), z, edges)
-    groups = np.array_split(s, min(SERVICE_GROUPS, len(s)))
+    # groups finer toward the long services, whose arrivals drain the pool (rank edges
+    # N (1 - (1 - i / G)^2): the top group holds N / G^2 jobs). Equal-count groups had the
+    # TTFT P90 of 64 AgentX sessions 2.1% / 6.4% / 14% over the ungrouped chain's with 256 /
+    # 128 / 64 groups; these read +0.3% with 64
+    cuts = np.unique(np.round(len(s) * (1.0 - (1.0 - np.arange(1, SERVICE_GROUPS)
+                                                / SERVICE_GROUPS) ** 2)).astype(int))
+    groups = [g for g in np.split(s, cuts) if len(g)]
     s_g = np.array([c.mean() for c in groups])
     w_g = np.array([len(c) for c in groups], float) / len(s)
     jobs = split_bins(s / dt, None, n) / len(s)
