@@ -8,7 +8,8 @@ job: a job taken from the queue starts where the pool stands, so the prompts que
 long cold prefill see few arrivals. (A fresh pool at every job start, with the
 Pollaczek-Khinchine ladder on top, counted twice the queue ahead of an arrival that the runs
 hold: on AgentX at 48 sessions 0.35 against 0.17 s, the P90 wait +10%; 2026-12-05.) The pool
-at a busy period's start is larger than on average: no one is queued or in service then.
+at a busy period's start is not its mean: no one is queued or in service then, and the session
+that opened it has left it (`_pool_boost`).
 
 A waiting arrival lands in a job at elapsed y and waits out the rest of it, then the prompts
 ahead: the Λ(y) that arrived earlier in that job (Poisson) and the q queued when it started.
