@@ -34,16 +34,16 @@ BOOST_ITERATIONS = 30  # at most; the pool's fixed point usually settles in 3-5
 
 def fcfs_wait_pmf(service_s, rho: float, dt: float, n: int, gaps_s=None,
                   arrival_rate: float | None = None, decoding=None,
-                  held_s: float | None = None) -> tuple[np.ndarray, float]:
+                  extra_s: float = 0.0) -> tuple[np.ndarray, float]:
     """The FCFS prefill queue's wait pmf on the grid k·dt and the probability an arrival finds
     the server busy: M/G/1 for arrivals from outside (`gaps_s` None), the finite source for a
-    closed loop's sessions (`held_s`: the mean time from a prompt's start to its first token,
-    its service by default)."""
+    closed loop's sessions (`extra_s`: the mean time a prompt spends past its wait and service
+    before its first token)."""
     if gaps_s is None or rho <= 0:
         return mg1_wait_pmf(service_s, rho, dt, n)
     f = max(n // LAW_CELLS, 1)
     pmf, busy = finite_source_wait_pmf(service_s, dt * f, n // f, gaps_s, float(arrival_rate),
-                                       decoding, held_s)
+                                       decoding, extra_s)
     return (pmf if f == 1 else _spread(pmf, f)), busy
 
 
@@ -60,11 +60,11 @@ def _spread(pmf: np.ndarray, f: int) -> np.ndarray:
 
 def finite_source_wait_pmf(service_s, dt: float, n: int, gaps_s, arrival_rate: float,
                            decoding: tuple[float, np.ndarray] | None = None,
-                           held_s: float | None = None) -> tuple[np.ndarray, float]:
+                           extra_s: float = 0.0) -> tuple[np.ndarray, float]:
     """Wait pmf on the grid k·dt (k < n) and the probability an arrival finds the server busy.
     `gaps_s`: the sessions' idle times; `arrival_rate`: requests/s into this server;
-    `decoding`: (sessions decoding, their decode times); `held_s`: the mean time from a
-    prompt's start to its first token (its service by default)."""
+    `decoding`: (sessions decoding, their decode times); `extra_s`: the mean time a prompt
+    spends past its wait and service before its first token."""
     s = np.sort(np.asarray(service_s, float))
     z = np.sort(np.asarray(gaps_s, float))
     x = float(arrival_rate)
@@ -86,7 +86,7 @@ def finite_source_wait_pmf(service_s, dt: float, n: int, gaps_s, arrival_rate: f
     tail = np.cumsum(jobs[::-1])[::-1]  # P(S >= cell i)
     tail_s = np.cumsum((jobs * np.arange(n))[::-1])[::-1] * dt  # E[S; S >= cell i]
     pool, mean_s = x * float(z.mean()), float(s.mean())
-    held = mean_s if held_s is None else float(held_s)
+    held = mean_s + float(extra_s)  # a prompt's start to its first token
     # At a busy period's start no one is queued or in service: the sessions that are on average
     # (x (E[W] + held), arrival to first token) are idle then, less the one that opened it.
     # Simulated, idle besides the opener against on average and x E[TTFT]: AgentX at 48 sessions
@@ -102,9 +102,9 @@ def finite_source_wait_pmf(service_s, dt: float, n: int, gaps_s, arrival_rate: f
         resid = float(np.sum(d * (tail_s - np.arange(n) * dt * tail))) / max(mass, 1e-300)
         ahead = float(np.sum(d * a_mid * tail)) / max(mass, 1e-300)
         wait = busy * (resid + mean_s * (ahead + float(np.sum(q_w * np.arange(len(q_w))))))
-        if abs(_pool_boost(x, wait, held, pool) - boost) < 1e-4:
+        boost, last = _pool_boost(x, wait, held, pool), boost
+        if abs(boost - last) < 1e-4:
             break
-        boost = _pool_boost(x, wait, held, pool)
     if busy <= 0.0:
         return np.r_[1.0, np.zeros(n - 1)], 0.0
     return _wait_law(jobs, d, a_mid, q_w, busy, n), busy

@@ -11,9 +11,10 @@ per-request threshold, prefill cadence) on a `Workload` under a `Load`. Per DP r
   (additive across chunks sharing a step, exact for step times affine in the chunk tokens);
 - mean step (= mean TPOT) `T = T_d + extension per step`, `B = X·E[o-1]·T` (Little), closed
   loop `X = N / (E[gap] + E[TTFT] + E[(o-1)]·T)` (response-time law), solved as a fixed point;
-- TTFT: without a threshold prefill is first-come-first-served on the whole budget, an M/G/1
-  queue with service `k·T_d + E` (exact Pollaczek-Khinchine transform; finite-source thinning in
-  a closed loop; Kingman stretch for bursty open arrivals); with a threshold, prefills run side
+- TTFT: without a threshold prefill is first-come-first-served on the whole budget, a queue
+  with service `k·T_d + E` (open arrivals: M/G/1, exact Pollaczek-Khinchine transform with a
+  Kingman stretch when bursty; a closed loop: a finite source whose idle pool drains over a busy
+  period, model.finite_source); with a threshold, prefills run side
   by side, each `k·T_d + E` plus the other prefills' extensions landing in its steps, slowed when
   the budget saturates (processor sharing);
 - TPOT of a request = `T_d` + the extensions landing in its `o-1` decode steps: Poisson-started
@@ -480,8 +481,7 @@ def _wait_law(service: np.ndarray, rho: float, x: float, gaps, n: int, decoding=
     s_max = float(service.max())
     t_max = 4.0 * s_max + 20.0 * float(service.mean()) / max(1.0 - rho, 0.02)
     dt = t_max / n
-    pmf, busy = fcfs_wait_pmf(service, rho, dt, n, gaps, x, decoding,
-                              float(np.mean(service)) + extra)
+    pmf, busy = fcfs_wait_pmf(service, rho, dt, n, gaps, x, decoding, extra)
     return dt, busy, pmf
 
 
@@ -500,7 +500,7 @@ def _merged_queue(service, saved, last_step, x: float, ca2: float, gaps, decodin
         if rho >= 1.0:
             return None
         cs2 = float(s.var() / max(s.mean() ** 2, 1e-30))
-        if gaps is not None:  # closed loop: finite-source wait (the thinned P-K law)
+        if gaps is not None:  # closed loop: the finite-source wait (model.finite_source)
             dt, busy, pmf = _wait_law(s, rho, x, gaps, WAIT_GRID_FAST, decoding, extra)
             grid = np.arange(len(pmf)) * dt
             p = float(np.sum(pmf * np.searchsorted(ls, grid, side="right"))) / len(ls)

@@ -1,6 +1,6 @@
 """TTFT and TPOT distributions of the serving closed form (model.serving), from its steady state.
 
-TTFT: own prefill time, the FCFS wait (Pollaczek-Khinchine, finite source in a closed loop) or,
+TTFT: own prefill time, the FCFS wait (Pollaczek-Khinchine, model.finite_source in a closed loop) or,
 with a threshold, the other prefills landing in the own steps (compound shot noise, masked by
 the own chunk on lock-stepped ranks). TPOT: decode windows of each output length see a
 compound shot process of prefill runs (plus the FCFS backlog and, on lock-stepped FCFS ranks,
@@ -129,7 +129,7 @@ def _wait_law(st: _State, admit_wait: float):
         + 40.0 * st.wait_mean / max(st.rho_p, 0.05)
     dt = t_max / TTFT_GRID
     wait, busy = fcfs_wait_pmf(service, st.rho_p, dt, TTFT_GRID, st.gaps, st.x, st.decoding,
-                               float(np.mean(service)) + st.extra)
+                               st.extra)
     grid = np.arange(TTFT_GRID) * dt
     if st.wait_scale != 1.0:  # Kingman: bursty arrivals stretch the wait
         cdf = np.interp(grid / st.wait_scale, grid, np.cumsum(wait))
