@@ -194,6 +194,8 @@ def _shared_bins(st: _State, shift: float) -> list:
     eta = _run_excitation(st, k) if st.excite else 0.0
     bias = 1.0 + heights / (st.tbar * (1.0 - eta))
     n = 2**13
+    slot = st.slot_law  # the wait for a prefill slot (model.slot_queue), before the own steps
+    wait_top = slot.quantile(1.0 - 1e-6) if slot is not None else 0.0
     out = []
     for b in np.unique(which):  # each window bin on its own grid (their spans differ by 1e3x)
         sel = which == b
@@ -207,7 +209,7 @@ def _shared_bins(st: _State, shift: float) -> list:
                       else float(h_own[sel].mean()) / st.tbar)
         y_max = lam * mult * win * float((heights * k).mean()) * 6.0 + \
             float((heights * np.minimum(k, win)).max()) * 2.0
-        dt = (float(own[sel].max()) + shift + y_max) / n
+        dt = (float(own[sel].max()) + shift + y_max + wait_top) / n
         seen = heights
         if st.lock is not None:  # the own chunk masks the other ranks' below its height
             c, m, dp = st.lock
@@ -219,6 +221,9 @@ def _shared_bins(st: _State, shift: float) -> list:
                                 _excitation_shape(eta, lam, seen, k, win))
         hist = np.bincount(np.minimum(((own[sel] + shift) / dt).astype(int), n - 1),
                            minlength=n).astype(float)
+        if wait_top > 0:
+            hist = np.fft.irfft(np.fft.rfft(hist, 2 * n) * np.fft.rfft(slot.pmf(dt, n), 2 * n),
+                                2 * n)[:n]
         conv = np.fft.irfft(np.fft.rfft(pmf, 2 * n) * np.fft.rfft(hist, 2 * n), 2 * n)[:n]
         conv = np.maximum(conv, 0.0)
         out.append((np.flatnonzero(sel), np.arange(n) * dt, conv / max(conv.sum(), 1e-300)))
