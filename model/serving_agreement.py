@@ -148,6 +148,10 @@ DEP_SCENARIOS = [Scenario(f"dsv4-dep8-pop64-n{n}-t{t}-iv{iv}", "population:agent
 # time (the claim's largest gain is sought up to saturation; 2026-12-04)
 DEP_SCENARIOS += [Scenario(f"dsv4-dep8-pop64-n256-t{t}-iv8", "population:agentx:64", t,
                            ClosedLoop(256), 12000, "dsv4-dep8", 3, True, 8, 5) for t in (0, 512)]
+# and on to the threshold engine's saturation, where prompts queue for the slots its budget
+# holds (model.slot_queue; the closed form's slot wait 2.4 / 12.7 s, 2026-12-05)
+DEP_SCENARIOS += [Scenario(f"dsv4-dep8-pop64-n{n}-t512-iv8", "population:agentx:64", 512,
+                           ClosedLoop(n), 12000, "dsv4-dep8", 3, True, 8, 5) for n in (768, 1024)]
 SCENARIOS += DEP_SCENARIOS
 BY_NAME = {s.name: s for s in SCENARIOS}
 
@@ -373,14 +377,20 @@ PREFACE = (
     "law splits it at TTFT quantiles 0.5 / 0.8 / 0.9 / 0.95): a request that waited long "
     "decodes beside the prompts queued behind it, and shuffling TPOT among the simulated "
     "requests of each output bin moves their P90 of E2EL / OSL +13% on pop16-n48; its E2E "
-    "P90 went from -13.2% to -5.9%. "
+    "P90 went from -13.2% to -5.9%. Since 2026-12-05 too a threshold engine's prompts wait for "
+    "one of the slots its budget holds (the budget over the mean chunk: a last partial chunk "
+    "leaves its room to the next prompt) instead of sharing the budget out with no queue "
+    "(model.slot_queue: a finite-source chain on the prompts in the slots, widened by the "
+    "bursts in which heavy-tailed slot times free them); the `n768` / `n1024` DEP8 rows test it "
+    "(a closed-form slot wait of 2.4 / 12.7 s; on agentx-v1 at 1,024 sessions the mean TTFT "
+    "went from 15.9 to 38.4 s, simulated 43.4-45.5 s). "
     "`pop16` / `pop64` and `dsv4-dep8` rows share one "
     "population of sessions between both sides, which leaves the queueing approximations. "
     "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
     "closed form models (model.serving, model.serving_tails, model.lockstep, "
     "model.finite_source): the FCFS prefill queue (Pollaczek-Khinchine for open arrivals, a "
-    "finite source in a closed loop) and, with a threshold, the "
-    "other prefills landing in a prompt's own steps (compound shot noise, self-excited on one "
+    "finite source in a closed loop) and, with a threshold, the wait for a slot of the budget "
+    "and the other prefills landing in a prompt's own steps (compound shot noise, self-excited on one "
     "rank, masked by the own chunk on lock-stepped ranks); a decode window sees the prefill "
     "runs arriving during it, the prompts queued behind its own (FCFS backlog) and the decode "
     "batch it joins (itself plus the others decoding, 2026-12-03: TPOT P50 at light load had "
@@ -399,6 +409,17 @@ _REASONS = (
      "E2E normalized interactivity (1 / P90 of E2EL / OSL) follows the TTFT and TPOT tails "
      "and how they pair: with FCFS a request that waited long decodes beside the prompts "
      "queued behind it (the E2E law splits the backlog by the request's own sojourn)"),
+    ("t512-iv8", "ttft_p50",
+     "the wait for a prefill slot (model.slot_queue) is a birth-death chain widened as a "
+     "diffusion by the bursts of heavy-tailed slot departures. Slots held by long cold prompts "
+     "come and go slowly, so the simulated waits come in episodes: fewer prompts wait than "
+     "the widened chain says, and those that do wait longer (pop64 at 768 sessions, seed 3, "
+     "2026-12-05: 28% of the prompts wait over 1 s for a slot against 43% in the closed form, "
+     "P99 24.6 against 20.0 s). The widening fits the waits from 700 agentx-v1 sessions to "
+     "saturation (P(wait) 0.49 / 0.66 / 0.77 against 0.46 / 0.70 / 0.85 simulated at 700 / "
+     "800 / 900, simulated waits counting the first admitting step's); without it the chain's "
+     "wait P90s read 26-66% short (1,024 / 700 sessions); a mixture over the slots long "
+     "prompts hold is not built"),
     ("dsv4-dep8", "ttft",
      "lock-stepped ranks at cadence 8: a prompt's chunks run in admitting steps only, each "
      "holding the prefill of the interval's arrivals (since 2026-12-05; spreading the others' "
