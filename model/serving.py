@@ -15,8 +15,8 @@ per-request threshold, prefill cadence) on a `Workload` under a `Load`. Per DP r
   with service `k·T_d + E` (open arrivals: M/G/1, exact Pollaczek-Khinchine transform with a
   Kingman stretch when bursty; a closed loop: a finite source whose idle pool drains over a busy
   period, model.finite_source); with a threshold, prefills run side
-  by side, each `k·T_d + E` plus the other prefills' extensions landing in its steps, slowed when
-  the budget saturates (processor sharing);
+  by side, each `k·T_d + E` plus the other prefills' extensions landing in its steps, after a
+  wait for one of the slots the budget holds (budget / chunk of them; model.slot_queue);
 - TPOT of a request = `T_d` + the extensions landing in its `o-1` decode steps: Poisson-started
   runs of `k` steps seen through a window (exact compound Poisson by FFT, `model.queueing`), plus
   the window average of the decode-batch fluctuation (Gaussian), mixed over the request sample.
