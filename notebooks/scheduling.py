@@ -78,6 +78,11 @@ effect = threshold_effect(step, w, policy, threshold=long_prefill_token_threshol
 # Each point is one closed-loop concurrency. The threshold moves the front where the decodes
 # were paying for whole-budget prefill steps; where the load is light it can cost a little P90
 # interactivity (spreading a cold prefill touches more decode windows, each a little).
+#
+# The threshold has its own ceiling: a rank's budget holds budget / chunk prompts at once (~16 at
+# 8K and 512), and a cold prompt keeps its slot for its whole prefill. Near the budget's
+# saturation prompts queue for a slot (`model.slot_queue`), and the threshold engine's TTFT
+# climbs there instead of FCFS's head-of-line blocking.
 
 # %%
 frames = []
