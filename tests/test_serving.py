@@ -306,35 +306,28 @@ def test_threshold_prompts_queue_for_the_slots_the_budget_holds():
     assert r.ttft_s["p90"] == pytest.approx(55.1, rel=0.10)
 
 
-def test_dep8_fcfs_tpot_law_keeps_its_spread_where_runs_cover_every_slot():
-    # DeepSeek V4 Pro DEP8 on B300, agentx-v1, FCFS at cadence 8, 575 sessions: runs cover
-    # nearly every admitting slot, and the shot law of the decode windows shrank to its floor
-    # (TPOT P50 / P90 / P99 70.2 / 70.2 / 70.2 ms). Simulated (model.simulate, 24,000 s, seed 1,
-    # 2026-12-05): 59.4 / 69.6 / 81.3 ms. J's slot chain (model.lockstep.SlotChain) still varies
-    # there: 58.9 / 65.0 / 81.8 ms, and 58.6 / 63.6 / 71.9 ms with the finite-source FCFS wait
-    # (model.finite_source), hence the looser P99 bound.
+# DeepSeek V4 Pro DEP8 on B300, agentx-v1, FCFS at cadence 8, simulated (model.simulate,
+# 24,000 s, seed 1, 2026-12-05): TPOT P50 / P90 / P99 59.4 / 69.6 / 81.3 ms at 575 sessions,
+# 65.7 / 74.7 / 86.6 ms at 1,024. At 575 runs cover nearly every admitting slot and the shot law
+# of the decode windows shrank to its floor (70.2 ms at every level); J's slot chain
+# (model.lockstep.SlotChain) still varies there: 58.9 / 65.0 / 81.8 ms, and 58.6 / 63.6 / 71.9 ms
+# with the finite-source FCFS wait (model.finite_source), hence the looser P99 bound. Past
+# saturation the shot law's clusters never end (a 1e-21 share of requests opening one, 1e25
+# slots long, covering each step ~6e4 deep at 1,024 sessions): its tails had read 58.8 / 88.6 /
+# 121.2 ms there, and its P99 jumped from 71.9 to 93.2 ms between 575 and 590 sessions; where
+# clusters cover a step 20 deep the window now takes J's chain.
+@pytest.mark.parametrize("sessions, p50, p90, p99, p99_rel", [
+    (575, 59.4e-3, 69.6e-3, 81.3e-3, 0.15),
+    (1024, 65.7e-3, 74.7e-3, 86.6e-3, 0.10)])
+def test_dep8_fcfs_tpot_law_keeps_its_spread_where_runs_cover_every_slot(sessions, p50, p90,
+                                                                         p99, p99_rel):
     from model.serving_agreement import dsv4_dep8_b300
 
     r = serve(dsv4_dep8_b300(), load_workload("agentx-v1"),
-              EnginePolicy(prefill_schedule_interval=8), ClosedLoop(575))
-    assert r.tpot_s["p50"] == pytest.approx(59.4e-3, rel=0.05)
-    assert r.tpot_s["p90"] == pytest.approx(69.6e-3, rel=0.10)
-    assert r.tpot_s["p99"] == pytest.approx(81.3e-3, rel=0.15)
-
-
-def test_dep8_fcfs_tpot_law_past_saturation_takes_the_slot_chain():
-    # Same deployment at 1,024 sessions: the shot law's clusters never end (a share of 1e-21
-    # of the requests opening one, 1e25 slots long, covering each step ~6e4 deep), and its tails
-    # had read 58.8 / 88.6 / 121.2 ms (P50 / P90 / P99), jumping from 71.9 to 93.2 ms of P99
-    # between 575 and 590 sessions. Simulated (model.simulate, 24,000 s, seed 1, 2026-12-05):
-    # 65.7 / 74.7 / 86.6 ms. Where clusters cover a step 20 deep the window takes J's chain.
-    from model.serving_agreement import dsv4_dep8_b300
-
-    r = serve(dsv4_dep8_b300(), load_workload("agentx-v1"),
-              EnginePolicy(prefill_schedule_interval=8), ClosedLoop(1024))
-    assert r.tpot_s["p50"] == pytest.approx(65.7e-3, rel=0.05)
-    assert r.tpot_s["p90"] == pytest.approx(74.7e-3, rel=0.10)
-    assert r.tpot_s["p99"] == pytest.approx(86.6e-3, rel=0.10)
+              EnginePolicy(prefill_schedule_interval=8), ClosedLoop(sessions))
+    assert r.tpot_s["p50"] == pytest.approx(p50, rel=0.05)
+    assert r.tpot_s["p90"] == pytest.approx(p90, rel=0.10)
+    assert r.tpot_s["p99"] == pytest.approx(p99, rel=p99_rel)
 
 
 def test_threshold_prompts_at_a_cadence_pay_whole_admitting_steps():
