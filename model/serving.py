@@ -707,13 +707,14 @@ def _solve_rate_core(eng: _Engine, x: float, ca2: float, n_sessions: float | Non
         base = own_steps * tbar + ext + (interval - 1) * (tbar - td)
         extra = (interval - 1) / 2.0 * tbar + in_flight
         # prefill runs only on every interval-th step, whose budget takes the interval's arrivals
-        slot_law = _slot_law(eng, x, tbar, k, c_free, base, extra, n_sessions)
         rho_tok = x * float(mix.u.mean()) * tbar * interval / max(c_free, 1.0)
-        if rho_tok >= 1.0 or slot_law is None:
+        if rho_tok >= 1.0:
             return _State(x, b, td, tbar, k, ext, k * 0, rho_tok, 0.0, share,
                           f"prefill tokens need {rho_tok:.2f}x the step budget left by "
                           "decodes: utilization >= 1")
         rho_p = 0.0
+        # below that the slot chain is stable (its load is rho_tok)
+        slot_law = _slot_law(eng, x, tbar, k, c_free, base, extra, n_sessions)
         wait, wait_scale = slot_law.mean, (ca2 + 1.0) / 2.0 if n_sessions is None else 1.0
         pick = np.linspace(0, len(k) - 1, min(len(k), 1500)).astype(int)
         kk = np.maximum(k[pick], 1.0) * interval  # others' runs span k * interval steps
@@ -758,8 +759,8 @@ def _slot_law(eng: _Engine, x: float, tbar: float, k: np.ndarray, c_free: float,
     slots = c_free * float(k.mean()) / max(float(eng.mix.u.mean()), 1e-12)
     if n_sessions is None:
         return slot_wait(slots, held, x)
-    outside = float(eng.mix.z.mean()) + float(base.mean()) + extra - float(held.mean()) \
-        + eng.mean_o1 * tbar * eng.seen_ratio + eng.mean_delay
+    outside = float(eng.mix.z.mean()) + _admitted_time(eng, float(base.mean()), extra, tbar) \
+        - float(held.mean())
     return slot_wait(slots, held, x, n_sessions, max(outside, 1e-9))
 
 
@@ -957,16 +958,23 @@ def _mean_step(x, mean_k, mean_e, td, interval, dp, fcfs,
     return t1
 
 
-def _decode_time(eng: _Engine, st: _State) -> float:
+def _decode_time(eng: _Engine, tbar: float) -> float:
     """Mean time a request decodes: its steps at the mean step its window sees."""
-    return eng.mean_o1 * st.tbar * eng.seen_ratio
+    return eng.mean_o1 * tbar * eng.seen_ratio
+
+
+def _admitted_time(eng: _Engine, prefill_s: float, extra: float, tbar: float,
+                   shared_steps: float = 0.0) -> float:
+    """Mean time a request spends admitted: its prefill (`prefill_s` + `extra`, the first
+    slot's offset, + `shared_steps`, the shared last steps), decode and reload."""
+    return prefill_s + extra + shared_steps + _decode_time(eng, tbar) + eng.mean_delay
 
 
 def _run_time(eng: _Engine, st: _State, queue_wait: float = 0.0) -> float:
-    """Mean time a request spends admitted: its prefill, decode and reload; with `queue_wait`,
-    its response time (the closed loop's R)."""
-    return float(st.ttft_base.mean()) + st.extra + queue_wait + _decode_time(eng, st) \
-        + eng.mean_delay + st.shared_steps_mean
+    """Mean time a request spends admitted; with `queue_wait`, its response time (the closed
+    loop's R)."""
+    return _admitted_time(eng, float(st.ttft_base.mean()), st.extra, st.tbar,
+                          st.shared_steps_mean) + queue_wait
 
 
 def _admission_capped_rate(eng: _Engine, x_hi: float, limit: float, n_rank: float):
@@ -1207,7 +1215,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     tpgs = x_rep * float(np.mean(mix.c + mix.o)) / gpus
     out_tps = x_rep * float(mix.o.mean()) / gpus
     concurrency = (load.concurrency if isinstance(load, ClosedLoop)
-                   else x_rep * (ttft_mean + _decode_time(eng, st)))
+                   else x_rep * (ttft_mean + _decode_time(eng, st.tbar)))
     names = [f"p{int(q * 100)}" for q in QUANTILES]
     good, attain = None, None
     if slo_p90_interactivity or slo_ttft_s:

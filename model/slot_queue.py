@@ -1,8 +1,8 @@
 """The queue for prefill slots of a threshold engine (`long_prefill_token_threshold`).
 
 With a threshold every admitted prompt takes at most `threshold` tokens of an admitting step, so
-the budget the decodes leave holds c = budget / threshold prompts at once; the scheduler admits
-in arrival order, and the rest wait. The prompts in the slots are a birth-death chain on their
+the budget the decodes leave holds c = budget / mean chunk prompts at once (a last partial chunk
+leaves its room to the next prompt); the scheduler admits in arrival order, and the rest wait. The prompts in the slots are a birth-death chain on their
 number Q: departures at min(Q, c) / S (S: a prompt's slot time), arrivals at rate x (open loop)
 or (N - Q) / T from the N sessions of a rank, T the mean time a session spends outside the
 slots (a closed loop: Engset's finite source, M/M/c//N). An arrival that finds Q >= c waits for
