@@ -20,7 +20,7 @@ test: $(VENV_STAMP)
 	$(PY) -m pytest -n 2
 
 bench: $(VENV_STAMP)
-	$(PY) -m model.bench
+	$(PY) -m model.bench.suite
 
 lint: $(VENV_STAMP)
 	$(PY) -m ruff check model tests

@@ -29,8 +29,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from model import charts, nbio
-from model.check import explain_table, load_cases, summarize
+from model.frontends import charts, nbio
+from model.validate.check import explain_table, load_cases, summarize
 
 cases = load_cases(results)
 if max_rows:

@@ -26,10 +26,10 @@ output_dir: str = "."  # where figures and headline.json go
 #
 # Agentic turns resend the whole conversation; almost all of it was seen one turn earlier.
 # Whether that prefix is still cached, and where, decides prefill work and TTFT. This notebook
-# replays the trace's `hash_ids` exactly (`model/cache.py`: one LRU stack-distance pass answers
-# every capacity), compares the closed form (`model/cache_model.py`, Che / TTL over the session
-# model), splits hits over the HBM / host / NVMe tiers of a real deployment (`model/memory.py`,
-# `model/tiers.py`), routes sessions over replicas (`model/routing.py`), and asks when reloading
+# replays the trace's `hash_ids` exactly (`model/serve/cache_replay.py`: one LRU stack-distance pass answers
+# every capacity), compares the closed form (`model/serve/cache_model.py`, Che / TTL over the session
+# model), splits hits over the HBM / host / NVMe tiers of a real deployment (`model/perf/memory.py`,
+# `model/perf/tiers.py`), routes sessions over replicas (`model/serve/routing.py`), and asks when reloading
 # a prefix beats recomputing it.
 
 # %%
@@ -39,11 +39,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from model import ROOT, cache, cache_model, charts, nbio, routing, tiers
-from model.architecture import load_architecture
-from model.errors import Infeasible
-from model.hardware import load_hardware
-from model.parallel import ParallelPlan
+from model import ROOT
+
+from model.serve import cache_replay as cache, cache_model, routing
+
+from model.frontends import charts, nbio
+
+from model.perf import tiers
+from model.specs.architecture import load_architecture
+from model.specs.errors import Infeasible
+from model.specs.hardware import load_hardware
+from model.perf.parallel import ParallelPlan
 
 out = Path(output_dir)
 stream = cache.stream_for(ROOT / trace if not Path(trace).is_absolute() else trace)

@@ -22,7 +22,7 @@ output_dir: str = "."  # where figures and headline.json go
 # Bytes one sequence holds in the cache as its context grows, split by layer kind: full and
 # latent attention grow with every token, sliding windows stop at their window, DeepSeek V4's
 # CSA/HCA grow at 1/4 and 1/128, linear layers (KDA, GDN, Mamba) hold a fixed state.
-# Formulas and byte layouts: `model/kv.py`.
+# Formulas and byte layouts: `model/perf/kv.py`.
 
 # %%
 # ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from model import charts, nbio
-from model.architecture import load_architecture
-from model.kv import footprint_table, kv_bytes_per_token
-from model.units import GB
+from model.frontends import charts, nbio
+from model.specs.architecture import load_architecture
+from model.perf.kv import footprint_table, kv_bytes_per_token
+from model.specs.units import GB
 
 contexts = np.unique(np.geomspace(1024, max_context, 12).round())
 table = footprint_table(archs, contexts, kv_dtype or None, block_size or None, state_dtype)
@@ -56,7 +56,7 @@ charts.save(growth, Path(output_dir) / "kv_per_sequence")
 growth
 
 # %%
-# Readable names for the stacked components (model/kv.py: one per attention kind, plus the
+# Readable names for the stacked components (model/perf/kv.py: one per attention kind, plus the
 # indexer keys and the fixed state), in stack order.
 COMPONENTS = {"gqa": "full-attention KV (GQA)", "mla": "latent KV (MLA)",
               "dsa": "sparse-MLA KV (DSA)", "msa": "block-sparse KV (MSA)",
@@ -83,7 +83,7 @@ breakdown = charts.titled(
     absolute | shares,
     f"At {reference_context:,} tokens {top} needs {ratio:,.0f}x the cache of {bottom} per "
     "sequence",
-    f"by cache part (model/kv.py); KV dtype: {kv_dtype or 'model default'}; right: the same "
+    f"by cache part (model/perf/kv.py); KV dtype: {kv_dtype or 'model default'}; right: the same "
     "bars as shares")
 charts.save(breakdown, Path(output_dir) / "kv_breakdown")
 breakdown

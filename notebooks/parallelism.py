@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from model import charts, nbio
-from model.errors import Infeasible
-from model.parallel import ParallelPlan
-from model.plan import (
+from model.frontends import charts, nbio
+from model.specs.errors import Infeasible
+from model.perf.parallel import ParallelPlan
+from model.plan.planner import (
     best_by_family,
     decode_capacity_by_family,
     dep_vs_tp_decode,
@@ -44,7 +44,7 @@ from model.plan import (
     step_model,
     traffic_for,
 )
-from model.workload import load_workload
+from model.specs.workload import load_workload
 
 traffic = traffic_for(load_workload(workload))
 

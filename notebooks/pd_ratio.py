@@ -25,8 +25,8 @@ output_dir: str = "."  # where figures and headline.json go
 # Stage 2 (ratio): x prefill + y decode instances serve min(x*lam_P, y*lam_D) requests/s, so
 # TPGS depends on the P:D ratio x/y alone and peaks at the rate-matched ratio lam_D/lam_P
 # (research/theory.md §7). A GPU budget only admits the (x, y) that fill it exactly, so the
-# sweep runs over every budget up to `max_gpus` (`model.disagg.ratio_sweep`). The full search
-# (`model/plan.py`) then charges what the two stages leave out: finite prefix cache, prefill
+# sweep runs over every budget up to `max_gpus` (`model.plan.disagg.ratio_sweep`). The full search
+# (`model/plan/planner.py`) then charges what the two stages leave out: finite prefix cache, prefill
 # queueing and the KV hand-off in TTFT.
 
 # %%
@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from model import charts, nbio
-from model.disagg import ratio_sweep, xpyd_rates
-from model.plan import plan
+from model.frontends import charts, nbio
+from model.plan.disagg import ratio_sweep, xpyd_rates
+from model.plan.planner import plan
 
 result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
               slo_p90_interactivity=slo_p90_interactivity, modes=("disaggregated",),

@@ -24,7 +24,7 @@ output_dir: str = "."  # where figures and headline.json go
 #
 # Every valid parallel plan (TP, PP, DP/DEP, EP, DCP, PCP) per replica size, aggregated replicas
 # and disaggregated xPyD workers, engine knobs and client concurrency are evaluated in closed
-# form (`model/plan.py`, `model/search.py`). The Pareto front trades throughput per GPU (TPGS,
+# form (`model/plan/planner.py`, `model/plan/search.py`). The Pareto front trades throughput per GPU (TPGS,
 # cached input included) against P90 interactivity; the best point above the SLO is the answer,
 # with its cost and the launch commands that realize it.
 
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from model import charts, nbio
-from model.plan import MODES, plan
+from model.frontends import charts, nbio
+from model.plan.planner import MODES, plan
 
 result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
               slo_p90_interactivity=slo_p90_interactivity,

@@ -23,8 +23,8 @@ output_dir: str = "."  # where figures and headline.json go
 #
 # Each point is one kind of op (attention over the KV cache, routed experts, attention
 # projections, ...) in one phase on one GPU, summed over the layers: arithmetic intensity (FLOP
-# per HBM byte, from the closed-form counts in `model/ops.py`, sharded by the plan) against
-# attained FLOP/s (the same FLOPs over the modeled kernel time from `model/roofline.py`), sized
+# per HBM byte, from the closed-form counts in `model/perf/ops.py`, sharded by the plan) against
+# attained FLOP/s (the same FLOPs over the modeled kernel time from `model/perf/roofline.py`), sized
 # by its share of the step. Decode GEMMs sit left of the ridge (HBM-bound); prefill GEMMs sit
 # right of it (compute-bound).
 
@@ -34,12 +34,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from model import charts, nbio, ops
-from model.architecture import load_architecture
-from model.hardware import load_hardware
-from model.parallel import ParallelPlan
-from model.roofline import compute_rate
-from model.step import build_step_model
+from model.frontends import charts, nbio
+
+from model.perf import ops
+from model.specs.architecture import load_architecture
+from model.specs.hardware import load_hardware
+from model.perf.parallel import ParallelPlan
+from model.perf.roofline import compute_rate
+from model.perf.step import build_step_model
 
 a = load_architecture(arch)
 hw = load_hardware(hardware)

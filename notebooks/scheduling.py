@@ -38,8 +38,8 @@ output_dir: str = "."  # where figures and headline.json go
 # Both policies run at the same `--prefill-schedule-interval` (8 by default, InferenceX's DEP
 # cadence): prefill lands on every 8th step on all ranks at once, so with the threshold the
 # ranks carry small chunks side by side; without it each admitting step still carries a rank's
-# whole-budget chunk of a cold prompt. The closed form (`model.serving`) sweeps sessions for both
-# policies; the simulator (`model.simulate`) shows the step timeline the mechanism comes from.
+# whole-budget chunk of a cold prompt. The closed form (`model.serve.engine`) sweeps sessions for both
+# policies; the simulator (`model.serve.simulate`) shows the step timeline the mechanism comes from.
 
 # %%
 # ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
@@ -49,18 +49,18 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from model import charts, nbio
-from model.policy import EnginePolicy
-from model.serving import AffineStepModel, threshold_effect
-from model.simulate import simulate
-from model.workload import ClosedLoop, load_workload
+from model.frontends import charts, nbio
+from model.serve.policy import EnginePolicy
+from model.serve.engine import AffineStepModel, threshold_effect
+from model.serve.simulate import simulate
+from model.specs.workload import ClosedLoop, load_workload
 
 if reference_step_model:
     step = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
     dp = 1
 else:
-    from model.parallel import ParallelPlan
-    from model.plan import step_model
+    from model.perf.parallel import ParallelPlan
+    from model.plan.planner import step_model
 
     step = step_model(arch, hardware, ParallelPlan(tp=tp, dp=dp, ep=ep))  # served per recipe
 w = load_workload(workload)
@@ -81,7 +81,7 @@ effect = threshold_effect(step, w, policy, threshold=long_prefill_token_threshol
 #
 # The threshold has its own ceiling: a rank's budget holds budget / chunk prompts at once (~16 at
 # 8K and 512), and a cold prompt keeps its slot for its whole prefill. Near the budget's
-# saturation prompts queue for a slot (`model.slot_queue`), and the threshold engine's TTFT
+# saturation prompts queue for a slot (`model.serve.slot_queue`), and the threshold engine's TTFT
 # climbs there instead of FCFS's head-of-line blocking.
 
 # %%
@@ -128,7 +128,7 @@ figure = charts.titled(
     alt.hconcat(front + rule, ttft), f"{arch if not reference_step_model else 'reference'} on "
     f"{hardware}: {verdict}",
     f"{workload} traffic, {max_num_batched_tokens}-token steps, dp{dp}; each point one "
-    "closed-loop concurrency (model.serving)")
+    "closed-loop concurrency (model.serve.engine)")
 charts.save(figure, Path(output_dir) / "threshold_front")
 figure
 
@@ -163,7 +163,7 @@ if timeline:
     steps = charts.titled(
         steps, "Longest engine step: " + ", ".join(f"{k} {v:,.0f} ms" for k, v in worst.items()),
         f"{at_concurrency} sessions, {tl.time_s.max():.0f} s of recorded engine steps "
-        "(model.simulate); every decode in flight waits for each step")
+        "(model.serve.simulate); every decode in flight waits for each step")
     charts.save(steps, Path(output_dir) / "step_timeline")
     steps
 

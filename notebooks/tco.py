@@ -16,7 +16,7 @@ output_dir: str = "."  # where figures and headline.json go
 # # Cost per GPU-hour, per million tokens, and the advantage over an API
 #
 # GPU-hour price on three bases: owned TCO (SemiAnalysis `costh`, what the vLLM AgentX post
-# used), an owned-cost model from capex and power (`model/cost.py`), and observed rental.
+# used), an owned-cost model from capex and power (`model/plan/cost.py`), and observed rental.
 # Then the post's own cost table: from its TPGS and TCO, the API-equivalent cost and the cost
 # advantage at the documented token mix (`cost.AGENTX_POST_MIX`), and how the advantage moves
 # with the cache-hit assumption.
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from model import charts, nbio
-from model.cost import (
+from model.frontends import charts, nbio
+from model.plan.cost import (
     AGENTX_POST_MIX,
     api_equivalent_usd_per_hour,
     cost_advantage,
@@ -37,9 +37,9 @@ from model.cost import (
     token_mix,
     usd_per_mtok,
 )
-from model.errors import ServecastError
-from model.hardware import load_hardware
-from model.prices import api_price
+from model.specs.errors import ServecastError
+from model.specs.hardware import load_hardware
+from model.specs.prices import api_price
 
 rows = []
 for name in hardware:

@@ -28,7 +28,7 @@ class CliResult:
 def run_cli(*args: str, cwd: Path | None = None) -> CliResult:
     """Run `servecast ARGS` in a subprocess, as a user would."""
     proc = subprocess.run(
-        [sys.executable, "-m", "model.cli", *args],
+        [sys.executable, "-m", "model.frontends.cli", *args],
         capture_output=True, text=True, cwd=cwd or ROOT, timeout=600,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)

@@ -1,13 +1,13 @@
 """Held-out InferenceX AgentX runs (data/benchmarks/inferencex_agentx_2026-09-15.csv, InferenceX
 export 2026-09-15; deployments from the InferenceX recipes in
 data/benchmarks/inferencex_agentx_deployments.yaml; provenance in data/benchmarks/README.md):
-never fitted, scored by model.agentx_heldout."""
+never fitted, scored by model.validate.agentx."""
 
 import re
 
 import pytest
 
-from model.agentx_heldout import _group_runs, load_groups, load_runs, predict, summary
+from model.validate.agentx import _group_runs, load_groups, load_runs, predict, summary
 
 
 @pytest.mark.parametrize("run_id, model, chip, gpus, conc, tpgs, p90", [

@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from model.architecture import DATA, UNSUPPORTED, list_architectures, load_architecture, resolve
-from model.cli.arch import describe
-from model.cli.output import to_json
-from model.dtypes import dtype
-from model.errors import ServecastError, SpecError
+from model.frontends.cli.arch import describe
+from model.frontends.cli.output import to_json
+from model.specs.architecture import (
+    DATA,
+    UNSUPPORTED,
+    list_architectures,
+    load_architecture,
+    resolve,
+)
+from model.specs.dtypes import dtype
+from model.specs.errors import ServecastError, SpecError
 
 # Files the loader cannot express yet, each with its reason (also in architecture.UNSUPPORTED).
 UNSUPPORTED_FILES = {
@@ -28,7 +34,7 @@ def kinds(arch) -> Counter:
 # Files under data/architectures/ that are not architectures, and why.
 NOT_ARCHITECTURES = {
     "README.md": "provenance notes",
-    "aliases.yaml": "name table read by model.architecture",
+    "aliases.yaml": "name table read by model.specs.architecture",
     # DeepSeek's reference-inference schema (dim, n_layers, ...), kept for provenance; the same
     # values load as deepseek-v3.2 (alias deepseek-ai/DeepSeek-V3.2-Exp)
     "inference-configs/deepseek-v3.2-exp_config_671B_v3.2.json": "not an HF config.json",
@@ -299,7 +305,7 @@ def test_compressed_tensors_mxfp4_weight_only_vs_w4a4():
     # W4A4 MXFP4 (FP4 tensor cores); without (input_activations null, Kimi K3's config) it is
     # weight-only and meets BF16 activations (vLLM select_mxfp4_moe_backend: SM100_FI_MXFP4_BF16
     # first on Blackwell)
-    from model.families.quant import parse_quant
+    from model.specs.families.quant import parse_quant
     weights = {"num_bits": 4, "type": "float", "group_size": 32}
     act = {"num_bits": 4, "type": "float", "group_size": 32, "dynamic": True}
     for inputs, expected in ((None, "mxfp4_w4a16"), (act, "mxfp4")):

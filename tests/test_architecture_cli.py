@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY = "import sys; from model.cli import main; sys.exit(main(sys.argv[1:]))"
+ENTRY = "import sys; from model.frontends.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def servecast(*args: str) -> subprocess.CompletedProcess:

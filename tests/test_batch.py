@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from model.batch import load_grid, notebook_parameters, run_batch, scenario_id
-from model.errors import ServecastError, SpecError
-from model.nbio import notebook_names, notebook_path
+from model.frontends.batch import load_grid, notebook_parameters, run_batch, scenario_id
+from model.frontends.nbio import notebook_names, notebook_path
+from model.specs.errors import ServecastError, SpecError
 
 TINY = Path(__file__).parent / "data" / "notebooks" / "tiny.py"
 
@@ -189,7 +189,7 @@ def test_every_notebook_parameter_cell_parses_for_papermill():
     # must see every typed parameter the batch runner validates grids against.
     from papermill.translators import PythonTranslator
 
-    from model.nbio import fast_notebook_imports
+    from model.frontends.nbio import fast_notebook_imports
 
     fast_notebook_imports()
     import jupytext
@@ -211,7 +211,7 @@ output_dir: str = "."  # where headline.json goes
 import time
 from pathlib import Path
 
-from model.nbio import write_headline
+from model.frontends.nbio import write_headline
 
 while x > 1 and Path(gate).exists():
     time.sleep(0.05)
@@ -223,7 +223,7 @@ def _start_batch(grid: Path, out: Path) -> subprocess.Popen:
     """`servecast batch` as a terminal runs it: its own process group, SIGINT at its default
     (a shell's background job would otherwise inherit SIGINT ignored)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "model.cli", "batch", str(grid), "--out", str(out),
+        [sys.executable, "-m", "model.frontends.cli", "batch", str(grid), "--out", str(out),
          "--workers", "2", "--json"], cwd=Path(__file__).parent.parent,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -284,7 +284,7 @@ def test_kernels_talk_over_their_own_unix_sockets(tmp_path):
     # worker starts in between can take one first ("ZMQError: Address already in use", seen in
     # the test suite under pytest -n 2 on 2026-12-03: the kernel died before replying). Each
     # kernel now gets ipc transport under a socket path of its own.
-    from model.nbio import _kernel_manager_class
+    from model.frontends.nbio import _kernel_manager_class
 
     cls = _kernel_manager_class(tmp_path / "k.log", [])
     a, b = cls(), cls()

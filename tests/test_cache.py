@@ -7,9 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from model import ROOT, cache
-from model.errors import ServecastError
-from model.traces import Request, Session
+from model import ROOT
+from model.serve import cache_replay as cache
+from model.specs.errors import ServecastError
+from model.specs.traces import Request, Session
 
 TRACES = ROOT / "data" / "traces"
 AGENTX = TRACES / "cc_traces_weka_042026_sample"

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model import ROOT, cache, cache_model
-from model.errors import ServecastError
+from model import ROOT
+from model.serve import cache_model
+from model.serve import cache_replay as cache
+from model.specs.errors import ServecastError
 
 AGENTX = ROOT / "data" / "traces" / "cc_traces_weka_042026_sample"
 
@@ -68,7 +70,7 @@ def test_entry_point_on_a_trace_reads_the_replay_curve(stream):
 
 
 def test_entry_point_on_a_profile_uses_the_closed_form():
-    from model.workload import load_workload
+    from model.specs.workload import load_workload
 
     w = load_workload("agentx")
     full = cache_model.hit_rate(w, np.inf, concurrency=32)
@@ -88,10 +90,10 @@ def test_deployment_hit_rate_wires_memory_and_tiers(stream):
     # DeepSeek-R1 TP8 on H200: the HBM pool holds ~553K tokens of MLA KV (70,272 B per token on
     # every rank) and host DRAM 0.8 x 256 GB / 70,272 B = 2.91M tokens; the trace-backed answer
     # is the replay at those two inclusive capacities (curve interpolation, within 0.003).
-    from model.architecture import load_architecture
-    from model.hardware import load_hardware
-    from model.parallel import ParallelPlan
-    from model.tiers import tier_capacity_tokens
+    from model.perf.parallel import ParallelPlan
+    from model.perf.tiers import tier_capacity_tokens
+    from model.specs.architecture import load_architecture
+    from model.specs.hardware import load_hardware
 
     arch, hw, plan = load_architecture("deepseek-r1"), load_hardware("h200-sxm"), ParallelPlan(tp=8)
     caps = tier_capacity_tokens(arch, hw, plan)
@@ -105,7 +107,7 @@ def test_deployment_hit_rate_wires_memory_and_tiers(stream):
 def test_tier_traffic_and_reload_time():
     # 10% of input served from host: a 100K-token request moves 10K tokens x 70,272 B = 702.72 MB
     # per GPU; over 50 GB/s plus 10 us that is 14.06 ms.
-    from model.tiers import Tier
+    from model.perf.tiers import Tier
 
     res = cache_model.CacheResult(0.9, {"hbm": 0.8, "host": 0.1}, 0.95, "lru", 1, "sticky",
                                   "replay", {"hbm": 1e6, "host": 1e7})

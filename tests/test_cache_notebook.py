@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.nbio import run_notebook
+from model.frontends.nbio import run_notebook
 
 
 @pytest.mark.slow

@@ -1,13 +1,13 @@
-"""Fitting code (model.calibrate) and the stored fits (data/calibration/kernels.yaml)."""
+"""Fitting code (model.fit.calibrate) and the stored fits (data/calibration/kernels.yaml)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model import calibrate as C
-from model import kernels
-from model.roofline import roofline_time_s
+from model.fit import calibrate as C
+from model.perf import kernels
+from model.perf.roofline import roofline_time_s
 
 
 def test_fit_recovers_known_parameters():
@@ -54,7 +54,7 @@ def test_stored_fits_carry_provenance_and_heldout_error():
                     assert 0 <= entry["heldout_median_ape"] <= entry["heldout_p90_ape"]
 
 
-# Held-out medians measured by `python -m model.calibrate` (data/calibration/kernel_report.md),
+# Held-out medians measured by `python -m model.fit.calibrate` (data/calibration/kernel_report.md),
 # per chip: (h100_sxm, h200_sxm, b200_sxm); asserted with a 1-point margin for refits.
 MEASURED_HELDOUT = {
     ("gemm", "bf16"): (0.076, 0.083, 0.105),
@@ -81,7 +81,7 @@ def test_heldout_report_matches_measured_errors():
 
 
 def test_moe_fitted_on_skewed_routing_with_errors_per_distribution():
-    # the MoE curves are fitted on the power_law_1.01 rows (model.calibrate.MOE_DISTRIBUTION);
+    # the MoE curves are fitted on the power_law_1.01 rows (model.fit.calibrate.MOE_DISTRIBUTION);
     # kernels.yaml keeps the held-out error on every distribution. Measured (kernel_report.md,
     # 2026-12 refit), h200_sxm fp8_block: 0.179 balanced, 0.122 power_law_1.01, 0.129
     # power_law_1.2 (a balanced-only fit had 0.112 on the balanced rows)
@@ -115,8 +115,8 @@ def test_weight_only_mxfp4_moe_has_its_own_curve():
     # moe.parquet on gpt-oss shapes (hidden 2880, 128 experts, top 4): 3.24 ms at 8192 tokens
     # (power_law_1.01, no TP/EP). The native block-scaled curve (mxfp4: TRT-LLM mxfp4 x mxfp8)
     # would put that layer at 0.75 ms: one curve for both formats was 4x fast on weight-only.
-    from model.hardware import load_hardware
-    from model.roofline import moe_time_s
+    from model.perf.roofline import moe_time_s
+    from model.specs.hardware import load_hardware
     entry = kernels.fitted_table()["b200_sxm"]["moe"]["mxfp4_w4a16"]
     assert entry["heldout_median_ape"] <= 0.12  # 0.107 measured (kernel_report.md)
     df = C.moe_rows("b200_sxm", "mxfp4_w4a16")

@@ -8,7 +8,7 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from model import charts
+from model.frontends import charts
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -138,7 +138,7 @@ def _colour_scale(chart) -> dict:
 
 @pytest.mark.parametrize("n", [9, 12])
 def test_every_series_gets_its_own_colour(n):
-    # The KV breakdown stacks up to 9 cache parts (model/kv.py kinds + index keys + state);
+    # The KV breakdown stacks up to 9 cache parts (model/perf/kv.py kinds + index keys + state);
     # up to 12 series take the house palette, each a different colour, in legend order.
     df = pd.DataFrame({"x": list(range(n)), "y": list(range(n)),
                        "s": [f"series {i}" for i in range(n)]})
@@ -174,7 +174,7 @@ def test_log_axes_fit_the_data_not_whole_decades():
 
 
 @pytest.mark.parametrize(("op", "group"), [
-    # model.ops names: `<attention kind>/<ffn kind>:<module>` (see StepModel.op_table)
+    # model.perf.ops names: `<attention kind>/<ffn kind>:<module>` (see StepModel.op_table)
     ("mla/moe:attn_decode", "attention (over the KV cache)"),
     ("gqa/dense:attn_prefill", "attention (over the KV cache)"),
     ("mla/moe:experts", "routed experts"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from model.nbio import run_notebook
+from model.frontends.nbio import run_notebook
 
 
 def test_benchmark_check_notebook_headline(tmp_path):

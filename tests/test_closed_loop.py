@@ -1,11 +1,11 @@
-"""`model.closed_loop`: the closed-form pieces of the benchmark model on hand-derived cases."""
+"""`model.serve.closed_loop`: the closed-form pieces of the benchmark model on hand-derived cases."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model.closed_loop import (
+from model.serve.closed_loop import (
     LoopFactors,
     Protocol,
     adp_balance_wait,

@@ -1,4 +1,4 @@
-"""Collective time model (model.comm): alpha-beta physics, algorithm factors, scopes, fit."""
+"""Collective time model (model.perf.comm): alpha-beta physics, algorithm factors, scopes, fit."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from model import ROOT
-from model.comm import collective_time_s, comm_params
-from model.errors import Infeasible
-from model.hardware import load_hardware
+from model.perf.comm import collective_time_s, comm_params
+from model.specs.errors import Infeasible
+from model.specs.hardware import load_hardware
 
 H100 = load_hardware("h100-sxm")
 GB300 = load_hardware("gb300-nvl72")

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from model.cost import (
+from model.plan.cost import (
     AGENTX_POST_MIX,
     OwnedCostInputs,
     api_equivalent_usd_per_hour,
@@ -17,7 +17,7 @@ from model.cost import (
     usd_per_mtok,
     usd_per_mtok_by_class,
 )
-from model.errors import ServecastError
+from model.specs.errors import ServecastError
 
 
 @dataclass(frozen=True)
@@ -147,8 +147,8 @@ def test_summarize_cost_dsv4_row():
 
 
 def test_gpu_hour_bases_from_hardware_specs():
-    from model.cost import gpu_hour_usd
-    from model.hardware import load_hardware
+    from model.plan.cost import gpu_hour_usd
+    from model.specs.hardware import load_hardware
 
     gb300 = load_hardware("gb300-nvl72")
     # owned TCO: SemiAnalysis Jul-2026 costh for GB300 NVL72, $2.31/GPU-h (hardware.md §4.1),
@@ -167,8 +167,8 @@ def test_gpu_hour_bases_from_hardware_specs():
 
 
 def test_real_price_table_matches_post_formula():
-    # model.prices carries Opus 5 at the post's rates: 0.50 cached / 5 input / 25 output.
-    from model.prices import api_price
+    # model.specs.prices carries Opus 5 at the post's rates: 0.50 cached / 5 input / 25 output.
+    from model.specs.prices import api_price
 
     p = api_price("claude-opus-5")
     assert (p.cached_input_usd_per_mtok, p.input_usd_per_mtok, p.output_usd_per_mtok) == (

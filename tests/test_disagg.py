@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from model.disagg import (
+from model.perf.parallel import ParallelPlan
+from model.plan.disagg import (
     Deployment,
     PhaseConfig,
     decode_saturation,
@@ -17,8 +18,7 @@ from model.disagg import (
     xpyd_grid,
     xpyd_rates,
 )
-from model.errors import ServecastError
-from model.parallel import ParallelPlan
+from model.specs.errors import ServecastError
 
 
 def test_scaling_book_pd_ratio_t10():

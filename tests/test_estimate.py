@@ -1,23 +1,23 @@
-"""`model.estimate` / `servecast estimate`: contract keys, closed-loop consistency, physics bounds."""
+"""`model.serve.estimate` / `servecast estimate`: contract keys, closed-loop consistency, physics bounds."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model.architecture import load_architecture
-from model.closed_loop import loop_terms
-from model.engine_fit import load_loop_factors
-from model.errors import ServecastError
-from model.estimate import (
+from model.fit.engine import load_loop_factors
+from model.perf.parallel import ParallelPlan
+from model.serve.closed_loop import loop_terms
+from model.serve.estimate import (
     Disagg,
     EngineConfig,
     estimate,
     infer_decode_workers,
     infer_prefill_workers,
 )
-from model.hardware import load_hardware
-from model.parallel import ParallelPlan
+from model.specs.architecture import load_architecture
+from model.specs.errors import ServecastError
+from model.specs.hardware import load_hardware
 
 CONTRACT = {"ttft_ms", "tpot_ms", "output_tokens_per_s_per_gpu", "total_tokens_per_s_per_gpu",
             "memory_bytes_per_gpu", "feasible", "reason"}

@@ -11,8 +11,8 @@ import sys
 import pytest
 import yaml
 
-from model.errors import Infeasible, ServecastError, SpecError
-from model.hardware import HARDWARE_DIR, Hardware, list_hardware, load_hardware
+from model.specs.errors import Infeasible, ServecastError, SpecError
+from model.specs.hardware import HARDWARE_DIR, Hardware, list_hardware, load_hardware
 
 # DESIGN.md "Names" plus issue 2's required systems.
 REQUIRED = ["h100-sxm", "h200-sxm", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "mi300x",
@@ -23,8 +23,8 @@ NUMERIC_FIELDS = [name for name, field in Hardware.model_fields.items()
 
 
 def servecast(*args: str) -> subprocess.CompletedProcess:
-    """Run the CLI entry point (`model.cli:main`, the `servecast` script) in a subprocess."""
-    code = "import sys; from model.cli import main; sys.exit(main())"
+    """Run the CLI entry point (`model.frontends.cli:main`, the `servecast` script) in a subprocess."""
+    code = "import sys; from model.frontends.cli import main; sys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           timeout=120)
 
@@ -197,9 +197,9 @@ def test_malformed_file_names_file_and_key(case, tmp_path):
 
 
 def test_cli_list_and_show(capsys):
-    # In-process through the entry point (`servecast` = model.cli:main); the subprocess path is
+    # In-process through the entry point (`servecast` = model.frontends.cli:main); the subprocess path is
     # exercised by the malformed-file test below.
-    from model.cli import main
+    from model.frontends.cli import main
 
     assert main(["hardware", "list", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["hardware"]) >= 12

@@ -1,17 +1,17 @@
 """AgentX's system idle cap (AIPerf --system-idle-gap-cap-seconds 10: timers shift forward while
-nothing is in flight; research/workloads.md §1.5) in closed form (model.idle_cap) and in the
-discrete-event oracle (model.simulate applies the rule exactly)."""
+nothing is in flight; research/workloads.md §1.5) in closed form (model.specs.idle_cap) and in the
+discrete-event oracle (model.serve.simulate applies the rule exactly)."""
 
 import numpy as np
 import pytest
 
-from model.errors import ServecastError
-from model.idle_cap import SystemIdleCap
-from model.policy import EnginePolicy
-from model.serving import serve
-from model.serving_agreement import SM_FIXED, fixed_with_think
-from model.simulate import simulate
-from model.workload import ClosedLoop
+from model.serve.engine import serve
+from model.serve.policy import EnginePolicy
+from model.serve.simulate import simulate
+from model.specs.errors import ServecastError
+from model.specs.idle_cap import SystemIdleCap
+from model.specs.workload import ClosedLoop
+from model.validate.agreement import SM_FIXED, fixed_with_think
 
 # AgentX v1.0 inter-turn gaps: log-normal, median 3.84 s, 10% over 1 min -> sigma 2.145
 # (research/theory.md T33), capped at 300 s per trajectory

@@ -5,10 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.architecture import load_architecture
-from model.errors import ServecastError
-from model.kv import entry_bytes, indexer_key_bytes, kv_bytes_per_token, layer_kv_bytes, sequence_kv
-from model.layers import Attention, Indexer
+from model.perf.kv import (
+    entry_bytes,
+    indexer_key_bytes,
+    kv_bytes_per_token,
+    layer_kv_bytes,
+    sequence_kv,
+)
+from model.specs.architecture import load_architecture
+from model.specs.errors import ServecastError
+from model.specs.layers import Attention, Indexer
 
 
 def test_deepseek_v3_mla_per_token():
@@ -133,7 +139,7 @@ def test_compressed_block_padding():
 
 
 def test_entry_layouts():
-    # the byte layouts named in model.kv's docstring
+    # the byte layouts named in model.perf.kv's docstring
     v3 = load_architecture("deepseek-v3").layers[0].attention
     v4 = load_architecture("deepseek-v4-pro").layers[0].attention
     assert entry_bytes(v3, "bf16") == 1152 and entry_bytes(v3, "fp8") == 656

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model import nbio
+from model.frontends import nbio
 
 
 @pytest.mark.slow

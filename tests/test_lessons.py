@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from model.parallel import ParallelPlan
-from model.plan import (
+from model.perf.parallel import ParallelPlan
+from model.plan.planner import (
     best_by_family,
     decode_capacity_by_family,
     plan,
@@ -22,7 +22,7 @@ from model.plan import (
     step_model,
     traffic_for,
 )
-from model.workload import load_workload
+from model.specs.workload import load_workload
 
 GB300 = "gb300-nvl72"
 

@@ -1,17 +1,17 @@
-"""model.lockstep: the mean step of lock-stepped FCFS ranks against cases with a closed answer."""
+"""model.serve.lockstep: the mean step of lock-stepped FCFS ranks against cases with a closed answer."""
 
 import numpy as np
 import pytest
 
-from model.lockstep import LockstepSlots
-from model.queueing import expected_max_poisson
+from model.serve.lockstep import LockstepSlots
+from model.serve.queueing import expected_max_poisson
 
 
 def test_one_rank_is_the_work_conservation_law():
     # One rank: every extension is paid once, so the mean step solves t = td + x t E[ext]
     # whatever the mix of runs and short prompts (research/theory.md 1.1: the mean step is the
     # decode step plus the prefill work per step), t = td / (1 - x E[ext]).
-    from model.serving import _mean_step
+    from model.serve.engine import _mean_step
 
     rng = np.random.default_rng(0)
     full = rng.integers(0, 4, 3000).astype(float)
@@ -52,10 +52,10 @@ def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
     # Only short prompts (no runs), all of extension h: a rank packs a Poisson(mu) number per
     # admitting step, mu = x (interval td + extension), and the lock-stepped step waits for the
     # busiest of the 8 ranks: h E[max of 8 Poisson(mu)] per admitting step (a closed form,
-    # model.serving.expected_max_poisson), spread over `interval` steps. At the fixed point the
+    # model.serve.engine.expected_max_poisson), spread over `interval` steps. At the fixed point the
     # slot is interval x the mean step t, so t = td + h E[max of 8 Poisson(x t interval)] /
     # interval, solved here by plain iteration.
-    from model.serving import _mean_step
+    from model.serve.engine import _mean_step
 
     n, h, td, iv, x = 2000, 0.1, 0.02, 8, 0.3
     slots = LockstepSlots(np.zeros(n), np.zeros(n), np.full(n, h), td=td, interval=iv, dp=8)
@@ -68,7 +68,7 @@ def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
 def test_own_chunk_masks_the_other_ranks_below_it():
     # E[max(h + c N0, c M)] - h with N0 ~ Poisson(m) on the own rank and M the most of the
     # other ranks' Poisson(m) counts: the three limits have closed answers.
-    from model.serving_tails import _others_above
+    from model.serve.tails import _others_above
 
     c, m = 0.1, 0.7
     # one rank: nothing to mask, the own rank's other chunks add c m
@@ -84,7 +84,7 @@ def test_busiest_rank_of_whole_chunk_counts():
     # E[most of s balls in one of 8 bins], counted by hand: 2 balls share a bin with
     # probability 1/8 (1 + 1/8); 3 balls: all apart 8*7*6/512, one pair 3*8*7/512, all
     # together 8/512 (1 * 336/512 + 2 * 168/512 + 3 * 8/512 = 696/512).
-    from model.queueing import expected_max_occupancy
+    from model.serve.queueing import expected_max_occupancy
 
     got = expected_max_occupancy(np.array([0.0, 0.5, 1.0, 2.0, 3.0]), 8)
     assert got == pytest.approx([0.0, 0.5, 1.0, 1.125, 696 / 512], rel=1e-9)
@@ -98,10 +98,10 @@ def test_busiest_rank_of_whole_chunk_counts():
 
 
 def test_lockstep_window_sees_a_lone_run_whole_and_piles_masked():
-    # The TPOT window map (model.serving_tails._lockstep_masked): Y of one chunk's worth per
+    # The TPOT window map (model.serve.tails._lockstep_masked): Y of one chunk's worth per
     # admitting step is one run, which no other rank masks; 3 chunks per admitting step cost
     # the busiest rank's E[max] = 696/512 chunks (counted above), not 3.
-    from model.serving_tails import TPOT_GRID, _lockstep_masked
+    from model.serve.tails import TPOT_GRID, _lockstep_masked
 
     win, iv, c = 40.0, 8, 0.01
     one_run, three = win / iv * c, 3 * win / iv * c
@@ -121,7 +121,7 @@ def test_queue_behind_a_run_fills_full_slots():
     # that per request.
     from math import exp, factorial
 
-    from model.lockstep import _MergeLaw
+    from model.serve.lockstep import _MergeLaw
 
     law = _MergeLaw(np.array([1.0, 0.0, 0.0, 0.0]), np.full(4, 4.0), chunk=8.0)
     by_hand = sum(exp(-1.0) / factorial(n) * ((n + 1) // 2) for n in range(40))

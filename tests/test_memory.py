@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model import memory
-from model.architecture import load_architecture
-from model.errors import Infeasible
-from model.hardware import load_hardware
-from model.layers import Architecture, Attention, Layer, Linear, Mlp
-from model.parallel import ParallelPlan
+from model.perf import memory
+from model.perf.parallel import ParallelPlan
+from model.specs.architecture import load_architecture
+from model.specs.errors import Infeasible
+from model.specs.hardware import load_hardware
+from model.specs.layers import Architecture, Attention, Layer, Linear, Mlp
 
 
 def _toy(kinds: list[str], window: int = 32) -> Architecture:

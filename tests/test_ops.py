@@ -1,4 +1,4 @@
-"""Closed-form op counts (model.ops) against hand derivations and theory.md §13."""
+"""Closed-form op counts (model.perf.ops) against hand derivations and theory.md §13."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from model import ops
-from model.layers import Architecture, Attention, Experts, Indexer, Layer, Linear, Mlp
-from model.ops import Step, attention_core_op, linear_op, model_ops, moe_op, totals
+from model.perf import ops
+from model.perf.ops import Step, attention_core_op, linear_op, model_ops, moe_op, totals
+from model.specs.layers import Architecture, Attention, Experts, Indexer, Layer, Linear, Mlp
 
 
 # ---- small hand-built architectures, shared by the perf-model tests --------------------------------
@@ -65,7 +65,7 @@ def toy_hw(**over) -> SimpleNamespace:
     ns = SimpleNamespace(**spec)
 
     def peak(rate):
-        from model.errors import Infeasible
+        from model.specs.errors import Infeasible
 
         if rate not in ns.peak_flops_per_s:
             raise Infeasible(f"no {rate} rate")

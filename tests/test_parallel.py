@@ -1,13 +1,11 @@
-"""Parallel-plan rules, sharding and collectives (model.parallel) against theory.md §1, §4, §13."""
+"""Parallel-plan rules, sharding and collectives (model.perf.parallel) against theory.md §1, §4, §13."""
 
 from __future__ import annotations
 
 import pytest
 from test_ops import deepseek_v3_like, dense_layer, llama8b, mla_moe_layer, toy_hw
 
-from model.errors import Infeasible
-from model.layers import Architecture, Attention, Layer, Linear, Mlp
-from model.parallel import (
+from model.perf.parallel import (
     ParallelPlan,
     dcp_rank_of_token,
     dep_slowed_fraction,
@@ -19,6 +17,8 @@ from model.parallel import (
     validate_plan,
     weight_bytes_per_gpu,
 )
+from model.specs.errors import Infeasible
+from model.specs.layers import Architecture, Attention, Layer, Linear, Mlp
 
 
 def _gqa_arch(kv_heads: int, heads: int = 64, layers: int = 2) -> Architecture:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from model.architecture import load_architecture
-from model.dtypes import dtype
-from model.params import parameter_counts, weight_bytes, weight_bytes_by_dtype
+from model.perf.params import parameter_counts, weight_bytes, weight_bytes_by_dtype
+from model.specs.architecture import load_architecture
+from model.specs.dtypes import dtype
 
 B = 1e9
 

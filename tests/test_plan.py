@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from model.cli import main
-from model.hardware import load_hardware
-from model.parallel import ParallelPlan
-from model.plan import plan, plan_family, prefill_time_s, step_model
+from model.frontends.cli import main
+from model.perf.parallel import ParallelPlan
+from model.plan.planner import plan, plan_family, prefill_time_s, step_model
+from model.specs.hardware import load_hardware
 
 SMALL = {"arch": "qwen3-32b", "hardware": "h100-sxm", "gpus": 2, "workload": "agentx",
          "slo_p90_interactivity": 20.0}
@@ -131,7 +131,7 @@ def test_different_chips_for_prefill_and_decode():
 
 def test_dep_vs_tp_decode_deepseek_v4():
     # DeepSeek V4 Pro decode on 8 GB300, 142K-token contexts (AgentX median), fp8 KV (recipe).
-    from model.plan import dep_vs_tp_decode
+    from model.plan.planner import dep_vs_tp_decode
 
     r = dep_vs_tp_decode("deepseek-v4-pro", "gb300-nvl72", 8, 142_000)
     # TP8 keeps every sequence's compressed latent KV on all 8 GPUs; DEP8 keeps it on one rank:
@@ -149,7 +149,7 @@ def test_dep_vs_tp_decode_deepseek_v4():
 
 
 def test_search_agrees_with_the_serving_model():
-    # The vectorized closed form of model.search and engineer E's model.serving.serve evaluate
+    # The vectorized closed form of model.plan.search and engineer E's model.serve.engine.serve evaluate
     # the same replica (step model, policy, sessions, cache model). Measured on qwen3-32b, 2 H100,
     # AgentX, at the search's pick of 7 lanes (near the knee): TPGS 6,852 vs 6,217 (+10.2%),
     # hit 0.937 vs 0.936, P90 interactivity 22.7 vs 25.6 tok/s (the search charges a whole

@@ -2,13 +2,13 @@
 
 import pytest
 
-from model.architecture import load_architecture
-from model.cost import AGENTX_POST_MIX, api_equivalent_usd_per_hour, cost_advantage
-from model.hardware import load_hardware
-from model.memory import GPU_MEMORY_UTILIZATION
-from model.nbio import run_notebook
-from model.params import weight_bytes
-from model.prices import api_price
+from model.frontends.nbio import run_notebook
+from model.perf.memory import GPU_MEMORY_UTILIZATION
+from model.perf.params import weight_bytes
+from model.plan.cost import AGENTX_POST_MIX, api_equivalent_usd_per_hour, cost_advantage
+from model.specs.architecture import load_architecture
+from model.specs.hardware import load_hardware
+from model.specs.prices import api_price
 
 
 def test_plan_notebook_headline_is_the_cli_contract(tmp_path):
@@ -88,7 +88,7 @@ def test_parallelism_notebook(tmp_path):
     # DEP's KV advantage needs KV that TP duplicates and weights that EP shards. A dense GQA
     # model has neither: DP4 puts all the bf16 weights W on each H100, TP4 a quarter, and TP
     # shards the 8 KV heads 4 ways without copies. Capacity goes with the pool left under vLLM's
-    # 90% cap (model.memory), so DP4 / TP4 <= (0.9 H - W) / (0.9 H - W/4), H the sourced HBM
+    # 90% cap (model.perf.memory), so DP4 / TP4 <= (0.9 H - W) / (0.9 H - W/4), H the sourced HBM
     # per GPU; activations and reserve, the same on both, only lower it. (H 85.5 GB and W
     # 65.5 GB give <= 0.19.)
     hbm = load_hardware("h100-sxm").hbm_bytes

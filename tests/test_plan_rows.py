@@ -1,12 +1,12 @@
 """The vLLM AgentX post's three deployments (seed 000; research/theory.md §1.0), planned with
 documented deployment recipes (data/deployments/), AgentX v1.0 traffic as SemiAnalysis states it
-(`agentx-v1`: agentx-synthetic's sessions with v1.0's gap and output laws, model.workload_fit)
+(`agentx-v1`: agentx-synthetic's sessions with v1.0's gap and output laws, model.fit.workload)
 and the finite prefix cache; no per-row factors.
 
 What the model says about each row (the issue asks for 25%; the closing note gives the figures):
 - DeepSeek V4 Pro on 12 GB300, 83K TPGS at 256 sessions: within 25% (-16%), on the post's
   deployment shape (one DEP4 prefill tray, one DEP8 decode pair of trays). Since the decode
-  workers carry their calibrated disaggregated factor (model.engine_fit, 2026-12-03) the four
+  workers carry their calibrated disaggregated factor (model.fit.engine, 2026-12-03) the four
   decode GPUs of the mirror split no longer keep up at 50 tok/s; the post's shape meets the SLO
   up to its prefill worker's saturation, which the search reaches at ~500 sessions (the post
   stopped at 256, where the model gives 62K).
@@ -29,9 +29,9 @@ What the model says about each row (the issue asks for 25%; the closing note giv
 
 import pytest
 
-from model.plan import POST_ROWS, plan
-from model.recipes import load_recipes, recipe_for
-from model.search_cache import tier_hits
+from model.plan.planner import POST_ROWS, plan
+from model.plan.search_cache import tier_hits
+from model.specs.recipes import load_recipes, recipe_for
 
 ROW = {r["arch"]: r for r in POST_ROWS}
 SLO = 50.0  # the post's "P90 interactivity > 50 tok/s"
@@ -48,7 +48,7 @@ def test_recipes_are_sourced_and_match_the_checkpoints():
     # MiniMax M3: MXFP8 checkpoint (BF16's 852 GB cannot fit 2 x B300), FP8 GQA cache; on
     # NVFP4 chips NVIDIA's experts-only NVFP4 export with an FP8 index-key cache (InferenceX
     # minimaxm3 b300-fp4-mtp and h200-fp8-mtp AgentX recipes).
-    from model.hardware import load_hardware
+    from model.specs.hardware import load_hardware
 
     m3 = recipe_for("minimax-m3")
     assert (m3.precision, m3.kv_dtype) == ("mxfp8", "fp8")
@@ -65,7 +65,7 @@ def test_recipes_are_sourced_and_match_the_checkpoints():
 
 
 def test_hit_rate_answers_to_capacity_and_policy():
-    from model.workload import load_workload
+    from model.specs.workload import load_workload
 
     w = load_workload("agentx")
     # Unlimited HBM: every session's prefix survives -> the trace's infinite-cache hit
@@ -73,13 +73,13 @@ def test_hit_rate_answers_to_capacity_and_policy():
     hbm, low, inf = tier_hits(w, {"hbm": 1e12}, [64.0])
     assert hbm[0] == pytest.approx(inf, abs=1e-9) and low[0] == 0 and 0.95 < inf < 0.97
     # 6M tokens of HBM shared by more sessions hits less, and a host tier behind it recovers
-    # most of the loss (Che closed form, model.cache_model).
+    # most of the loss (Che closed form, model.serve.cache_model).
     small = [tier_hits(w, {"hbm": 6e6}, [s])[0][0] for s in (16.0, 64.0, 256.0)]
     assert small[0] > small[1] > small[2]
     hbm2, low2, _ = tier_hits(w, {"hbm": 6e6, "host": 3.7e7}, [256.0])
     assert hbm2[0] == pytest.approx(small[2]) and hbm2[0] + low2[0] > small[2] + 0.2
     # second-hit admits a turn's growth only when seen again: it never beats LRU on append-only
-    # sessions (model.cache_model docstring)
+    # sessions (model.serve.cache_model docstring)
     lru = tier_hits(w, {"hbm": 6e6}, [64.0], "lru")[0][0]
     second = tier_hits(w, {"hbm": 6e6}, [64.0], "second-hit")[0][0]
     assert second < lru

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from model.errors import ServecastError
-from model.policy import EnginePolicy, default_threshold
+from model.serve.policy import EnginePolicy, default_threshold
+from model.specs.errors import ServecastError
 
 
 def test_chunk_steps_t21():

@@ -1,12 +1,12 @@
-"""Serving formats (model.precision): one format for every GEMM, or part=format schemes for the
+"""Serving formats (model.specs.precision): one format for every GEMM, or part=format schemes for the
 checkpoints that quantize part of the model (NVIDIA's experts-only NVFP4 exports)."""
 
 import pytest
 
-from model.architecture import load_architecture
-from model.errors import ServecastError
-from model.params import weight_bytes
-from model.precision import parse_precision, with_precision
+from model.perf.params import weight_bytes
+from model.specs.architecture import load_architecture
+from model.specs.errors import ServecastError
+from model.specs.precision import parse_precision, with_precision
 
 
 def test_parse_precision_forms_and_errors():

@@ -8,9 +8,9 @@ import json
 import pytest
 import yaml
 
-from model.errors import ServecastError, SpecError
-from model.hardware import list_hardware, load_hardware
-from model.prices import API_PRICES, api_price, list_api_prices, owned_cost_inputs
+from model.specs.errors import ServecastError, SpecError
+from model.specs.hardware import list_hardware, load_hardware
+from model.specs.prices import API_PRICES, api_price, list_api_prices, owned_cost_inputs
 
 
 def test_opus_5_price_as_published():
@@ -117,7 +117,7 @@ def test_owned_cost_inputs_and_power_share_of_tco():
 
 
 def test_cli_prices(capsys):
-    from model.cli import main
+    from model.frontends.cli import main
 
     assert main(["prices", "opus-5", "--json"]) == 0
     price = json.loads(capsys.readouterr().out)

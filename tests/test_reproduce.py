@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from model.errors import SpecError
-from model.reproduce import (
+from model.specs.errors import SpecError
+from model.validate.reproduce import (
     PREDICTORS,
     Claim,
     load_paper,
@@ -159,8 +159,8 @@ def test_cli_unknown_paper_exits_2(cli):
 
 
 def test_reproduction_notebook_runs(tmp_path):
-    from model.nbio import execute_notebook
-    from model.reproduce import PAPERS
+    from model.frontends.nbio import execute_notebook
+    from model.validate.reproduce import PAPERS
 
     headline = execute_notebook(PAPERS / "vllm-agentx" / "reproduce.py",
                                 {"only": "kv.deepseek_v4_cache_tensors,arch.*,kernels.*",

@@ -1,15 +1,12 @@
-"""Kernel time physics (model.roofline) and the chip transfer rule (model.kernels)."""
+"""Kernel time physics (model.perf.roofline) and the chip transfer rule (model.perf.kernels)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model.errors import Infeasible
-from model.hardware import load_hardware
-from model.kernels import params_for
-from model.layers import Attention, Indexer
-from model.roofline import (
+from model.perf.kernels import params_for
+from model.perf.roofline import (
     attention_flops_bytes,
     attention_time_s,
     experts_touched,
@@ -18,6 +15,9 @@ from model.roofline import (
     memory_time_s,
     moe_time_s,
 )
+from model.specs.errors import Infeasible
+from model.specs.hardware import load_hardware
+from model.specs.layers import Attention, Indexer
 
 H100 = load_hardware("h100-sxm")
 B200 = load_hardware("b200")

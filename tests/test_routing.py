@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model import ROOT, cache, routing
-from model.errors import ServecastError
+from model import ROOT
+from model.serve import cache_replay as cache
+from model.serve import routing
+from model.specs.errors import ServecastError
 
 AGENTX = ROOT / "data" / "traces" / "cc_traces_weka_042026_sample"
 

@@ -10,10 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.errors import Infeasible
-from model.parallel import ParallelPlan
-from model.search import (
-    StepTable,
+from model.perf.parallel import ParallelPlan
+from model.perf.step_table import StepTable
+from model.plan.search import (
     _max_of_ranks,
     _poisson_pmf,
     best_under_slo,
@@ -22,6 +21,7 @@ from model.search import (
     pareto_front,
     traffic_from_mix,
 )
+from model.specs.errors import Infeasible
 
 
 @dataclass
@@ -228,7 +228,7 @@ def test_fcfs_prefill_p90_mixes_the_free_server_and_the_residual_of_the_one_in_s
     # server (0.8) -> own C in {1, 3}; busy (0.2) -> residual R then E[C] = 2, with
     # P(R > r) = E[(C - r)+] / E[C]. At t = 3 steps: 0.8 P(C > 3) + 0.2 P(R > 1)
     # = 0 + 0.2 x (0 + 2) / 2 / 2 = 0.1, so the P90 is 3 steps = 0.3 s.
-    from model.search import _fcfs_prefill
+    from model.plan.search import _fcfs_prefill
 
     tr = _traffic()
     cap = np.array([1000.0])
@@ -281,7 +281,7 @@ def test_disaggregated_p90_step_carries_the_decode_batch_fluctuation():
     # 30 sequences decoding on average out of 100 lanes, outputs all 400 tokens (P10 = mean):
     # M/G/inf occupancy, binomial-thinned, averaged over a window equal to the decode length:
     # var = 30 x (1 - 1/3) x (1 - 30/100) = 14; sd of the step = 1 ms/seq x sqrt(14).
-    from model.search import _batch_step_sd
+    from model.plan.search import _batch_step_sd
 
     tr = _traffic()
     table = StepTable(LinearDecodeStep(), tr.context_mean, 8192, 8192, 1024)
@@ -298,11 +298,11 @@ def test_disaggregated_p90_step_carries_the_decode_batch_fluctuation():
 def test_disaggregated_decode_workers_take_their_engine_factor():
     # Decode-only workers run slower than the same batch in an aggregated engine: the search
     # multiplies their steps by EngineFactors.disagg_decode_scale (fitted on the calibration
-    # runs with recorded workers, model.engine_fit). Constant 20 ms steps with a factor 1.25:
+    # runs with recorded workers, model.fit.engine). Constant 20 ms steps with a factor 1.25:
     # every disaggregated candidate decodes at 25 ms, and the decode saturation row's
     # interactivity is 1 / 0.025 = 40 tok/s (one token per step).
-    from model.plan import _PlanModel, search_disaggregated
-    from model.step import EngineFactors
+    from model.perf.step import EngineFactors
+    from model.plan.planner import _PlanModel, search_disaggregated
 
     tr = _traffic()
     grid = StepTable(ConstantStep(0.02), tr.context_mean, 8192, 8192, 512)

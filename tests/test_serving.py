@@ -1,4 +1,4 @@
-"""Closed-form serving model (model.serving, model.queueing) on the affine reference step model,
+"""Closed-form serving model (model.serve.engine, model.serve.queueing) on the affine reference step model,
 whose step times can be derived by hand."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from model.policy import EnginePolicy
-from model.queueing import compound_shot_pmf, kingman_wait_s, mg1_wait_pmf, shot_noise_var
-from model.serving import AffineStepModel, _mean_step, serve, threshold_effect
-from model.workload import ClosedLoop, OpenLoop, load_workload
+from model.serve.engine import AffineStepModel, _mean_step, serve, threshold_effect
+from model.serve.policy import EnginePolicy
+from model.serve.queueing import compound_shot_pmf, kingman_wait_s, mg1_wait_pmf, shot_noise_var
+from model.specs.workload import ClosedLoop, OpenLoop, load_workload
 
 SM = AffineStepModel(a=0.01, b=2e-5, c=1e-4, d=0.0, e=0.0)
 
@@ -52,7 +52,7 @@ def test_finite_source_wait_is_pollaczek_khinchine_when_the_sessions_are_many():
     # Gaps of 10^6 s: the idle sessions arrive as a Poisson stream at X = 0.5/s over any busy
     # period, so the closed loop's queue is M/D/1 with 1 s services: P(busy) = rho = 0.5 and
     # the mean wait rho S / (2 (1 - rho)) = 0.5 s (Pollaczek-Khinchine, research/theory.md §6)
-    from model.finite_source import finite_source_wait_pmf
+    from model.serve.finite_source import finite_source_wait_pmf
 
     pmf, busy = finite_source_wait_pmf(np.full(100, 1.0), 0.01, 4096, np.full(100, 1e6), 0.5)
     assert busy == pytest.approx(0.5, rel=1e-3)
@@ -67,7 +67,7 @@ def test_finite_source_wait_drains_the_idle_pool_over_a_busy_period():
     # it see no arrivals. L is the pool at the start, X E[Z] plus the sessions queued or in
     # service on average, X (E[W] + 4), less the opener: L = 0.24 E[W] + 0.2. By hand (the
     # fixed point): E[W] = 1.916 s, busy = 0.3975
-    from model.finite_source import finite_source_wait_pmf
+    from model.serve.finite_source import finite_source_wait_pmf
 
     pmf, busy = finite_source_wait_pmf(np.full(100, 4.0), 0.01, 4096, np.full(100, 1.0), 0.24)
     assert busy == pytest.approx(0.3975, rel=3e-3)
@@ -77,7 +77,7 @@ def test_finite_source_wait_drains_the_idle_pool_over_a_busy_period():
 def test_sessions_decoding_at_a_busy_periods_start_arrive_after_their_decode_and_a_gap():
     # Each decode 6 s long, so the rest D of one in progress is uniform on [0, 6]; gaps 1 s:
     # P(D + Z < 4 s) = P(D < 3) = 0.5, P(D + Z < 7 s) = 1
-    from model.finite_source import _decoders_arrived
+    from model.serve.finite_source import _decoders_arrived
 
     edges = np.arange(1001) * 0.01
     got = _decoders_arrived(np.full(100, 6.0), np.full(100, 1.0), edges)
@@ -91,7 +91,7 @@ def test_queued_prompts_sharing_the_last_step_save_their_step_in_the_queue():
     # saves 0.5 s. M/G/1: P(wait) = rho, and rho = X (1 - 0.5 P(wait)), so by hand
     # q = 0.5 - 0.25 q: q = rho = 0.4, mean service 0.8 s; the M/D/1 wait at that service,
     # rho / (1 - rho) x 0.8 / 2 = 0.2667 s (Pollaczek-Khinchine, cs2 = 0 here).
-    from model.serving import _merged_queue
+    from model.serve.engine import _merged_queue
 
     n = 100
     queued, service, busy, wait, cs2, _, _ = _merged_queue(
@@ -246,7 +246,7 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
     # of the eight ranks' Poisson chunk counts sets each admitting step). Measured 2026-12-02:
     # P90 ratio 2.22 at the 102 sessions the threshold serves under the SLO; TPGS at equal
     # concurrency up to +94% (1,024 sessions, the "up to" reading); best TPGS at the SLO +189%
-    # (24 vs 102 sessions meet it). Since 2026-12-04 FCFS ranks' runs cluster (model.lockstep)
+    # (24 vs 102 sessions meet it). Since 2026-12-04 FCFS ranks' runs cluster (model.serve.lockstep)
     # and FCFS serves more at high load: the largest gain was +52%, since 2026-12-05 (one
     # FCFS wait law, queued prompts sharing a step) +35%, and with the threshold's admitting
     # step priced with every rank's chunks together +24% (agentx-v1 at 767 sessions, P90 ratio
@@ -257,8 +257,8 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
     # form +19.4% / +19.3% / +10.5%), so
     # the claim, an "up to", is checked as a ceiling (papers/vllm-agentx/claims.yaml:
     # at_most, +30%).
-    from model.parallel import ParallelPlan
-    from model.plan import step_model
+    from model.perf.parallel import ParallelPlan
+    from model.plan.planner import step_model
 
     sm = step_model("deepseek-v4-pro", "b300", ParallelPlan(dp=8, ep=8))
     out = threshold_effect(sm, load_workload("agentx"), EnginePolicy(prefill_schedule_interval=8),
@@ -270,13 +270,13 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
 
 def test_threshold_dep8_admitting_step_prices_all_ranks_chunks_together():
     # DeepSeek V4 Pro DEP8 on B300, agentx-v1, threshold 512 at cadence 8, 575 sessions.
-    # Simulated (model.simulate, 24,000 s, seed 1, 2026-12-05): mean step 137.6 ms, mean TPOT
+    # Simulated (model.serve.simulate, 24,000 s, seed 1, 2026-12-05): mean step 137.6 ms, mean TPOT
     # 53.7 ms, TPGS 108.4K at 7.21 requests/s, the admitting step 0.84 s: 584 ms for the
     # busiest rank's 16.3 chunks and 218 ms more for the other ranks' tokens in the expert
     # group. The closed form had priced the busiest rank's chunks each alone and no more: mean
     # TPOT 47.4 ms, TPGS 127.3K (+17%). Its request mix holds 5% more tokens a request than
     # the run's (126.8K against 120.4K of context), hence the looser TPGS bound.
-    from model.serving_agreement import dsv4_dep8_b300
+    from model.validate.agreement import dsv4_dep8_b300
 
     sm, w = dsv4_dep8_b300(), load_workload("agentx-v1")
     r = serve(sm, w, EnginePolicy(prefill_schedule_interval=8).with_threshold(512),
@@ -289,14 +289,14 @@ def test_threshold_dep8_admitting_step_prices_all_ranks_chunks_together():
 def test_threshold_prompts_queue_for_the_slots_the_budget_holds():
     # DeepSeek V4 Pro DEP8 on B300, agentx-v1, threshold 512 at cadence 8, 900 sessions: a
     # rank's 8K budget holds ~16.6 prompts' chunks and the prompts in flight fill ~15 of them,
-    # long cold ones holding theirs for minutes. Simulated (model.simulate, 12,000 s, seed 1,
+    # long cold ones holding theirs for minutes. Simulated (model.serve.simulate, 12,000 s, seed 1,
     # 2026-12-05): 8.70 requests/s, TTFT P50 / P90 18.6 / 55.1 s, mean 30.7 s, of which 16.1 s
     # waiting for a slot. Sharing the budget out among the prompts, with no queue, the closed
     # form had said 9.1 requests/s and a mean TTFT of 15.9 s at 1,024 sessions (simulated
-    # 8.7-8.9 requests/s and 43.4-45.5 s, seeds 1-2); the slot chain (model.slot_queue) says
+    # 8.7-8.9 requests/s and 43.4-45.5 s, seeds 1-2); the slot chain (model.serve.slot_queue) says
     # 8.9 requests/s and 38.4 s there, its P50 26.4 s against 32.1-33.5 s simulated the
     # weakest point, at full saturation.
-    from model.serving_agreement import dsv4_dep8_b300
+    from model.validate.agreement import dsv4_dep8_b300
 
     r = serve(dsv4_dep8_b300(), load_workload("agentx-v1"),
               EnginePolicy(prefill_schedule_interval=8).with_threshold(512), ClosedLoop(900))
@@ -306,12 +306,12 @@ def test_threshold_prompts_queue_for_the_slots_the_budget_holds():
     assert r.ttft_s["p90"] == pytest.approx(55.1, rel=0.10)
 
 
-# DeepSeek V4 Pro DEP8 on B300, agentx-v1, FCFS at cadence 8, simulated (model.simulate,
+# DeepSeek V4 Pro DEP8 on B300, agentx-v1, FCFS at cadence 8, simulated (model.serve.simulate,
 # 24,000 s, seed 1, 2026-12-05): TPOT P50 / P90 / P99 59.4 / 69.6 / 81.3 ms at 575 sessions,
 # 65.7 / 74.7 / 86.6 ms at 1,024. At 575 runs cover nearly every admitting slot and the shot law
 # of the decode windows shrank to its floor (70.2 ms at every level); J's slot chain
-# (model.lockstep.SlotChain) still varies there: 58.9 / 65.0 / 81.8 ms, and 58.6 / 63.6 / 71.9 ms
-# with the finite-source FCFS wait (model.finite_source), hence the looser P99 bound. Past
+# (model.serve.lockstep.SlotChain) still varies there: 58.9 / 65.0 / 81.8 ms, and 58.6 / 63.6 / 71.9 ms
+# with the finite-source FCFS wait (model.serve.finite_source), hence the looser P99 bound. Past
 # saturation the shot law's clusters never end (a 1e-21 share of requests opening one, 1e25
 # slots long, covering each step ~6e4 deep at 1,024 sessions): its tails had read 58.8 / 88.6 /
 # 121.2 ms there, and its P99 jumped from 71.9 to 93.2 ms between 575 and 590 sessions; where
@@ -321,7 +321,7 @@ def test_threshold_prompts_queue_for_the_slots_the_budget_holds():
     (1024, 65.7e-3, 74.7e-3, 86.6e-3, 0.10)])
 def test_dep8_fcfs_tpot_law_keeps_its_spread_where_runs_cover_every_slot(sessions, p50, p90,
                                                                          p99, p99_rel):
-    from model.serving_agreement import dsv4_dep8_b300
+    from model.validate.agreement import dsv4_dep8_b300
 
     r = serve(dsv4_dep8_b300(), load_workload("agentx-v1"),
               EnginePolicy(prefill_schedule_interval=8), ClosedLoop(sessions))
@@ -331,14 +331,14 @@ def test_dep8_fcfs_tpot_law_keeps_its_spread_where_runs_cover_every_slot(session
 
 
 def test_threshold_prompts_at_a_cadence_pay_whole_admitting_steps():
-    # DEP8 pop64 at 256 sessions, threshold 512, cadence 8 (model.serving_agreement): a prompt's
+    # DEP8 pop64 at 256 sessions, threshold 512, cadence 8 (model.validate.agreement): a prompt's
     # chunks run in admitting steps only, each holding the prefill of the eight steps' arrivals
     # (0.25 s of extension with the own chunk in it, the mean step 59 ms). Simulated (3,000 s,
     # seed 1, 2026-12-05): median TTFT 0.51 s for one-chunk prompts, 0.99 s for two; the
     # simulated TTFT P50 0.961 s over 5 seeds (data/calibration/serving_agreement_sims.csv).
     # Spreading the others' extension evenly over the prompt's span had given 0.33 s, 0.82 s
     # and a P50 of 0.818 s (-14.9%).
-    from model.serving_agreement import BY_NAME
+    from model.validate.agreement import BY_NAME
 
     sc = BY_NAME["dsv4-dep8-pop64-n256-t512-iv8"]
     r = serve(*sc.build(), sc.load)
@@ -352,7 +352,7 @@ def test_fcfs_dep8_throughput_grows_with_sessions_near_saturation():
     # TPGS read 94.1K / 119.7K / 112.9K at 575 / 650 / 767 sessions. A decoding sequence takes
     # every step, so it sees no less than the mean step: 94.1K / 101.8K / 112.9K (2026-12-05).
     # Simulated: 102.3K at 575 sessions (2026-12-04), 116.5K at 1,024 (2026-12-05).
-    from model.serving_agreement import dsv4_dep8_b300
+    from model.validate.agreement import dsv4_dep8_b300
 
     sm, w = dsv4_dep8_b300(), load_workload("agentx-v1")
     tpgs = [serve(sm, w, EnginePolicy(prefill_schedule_interval=8), ClosedLoop(n)).tpgs
@@ -366,7 +366,7 @@ def test_scheduling_notebook_reports_the_threshold_mechanism(tmp_path):
     # The mechanism must show at the compared load: P90 TTFT falls (HOL blocking removed) and
     # TPGS does not fall. At 32 sessions the simulation's TTFT ratio is 0.49 with independent
     # turns (test_threshold_effect_reports_the_comparison).
-    from model.nbio import run_notebook
+    from model.frontends.nbio import run_notebook
 
     head = run_notebook("scheduling", {"reference_step_model": True, "concurrencies": [8, 32],
                                        "at_concurrency": 32, "simulate_s": 30.0,
@@ -390,8 +390,8 @@ def test_lock_stepped_decode_floor_is_one_sequence_on_the_replica():
     # read DeepSeek V4 DEP8's light-load steps at 8 decodes: TPOT P50 +13% over the simulation
     # at 32 sessions (data/calibration/serving_agreement.md, 2026-12-04). Expected values: the
     # step model's own decode step at 1 and 8 decodes in all (16.3 / 20.8 ms).
-    from model.serving import _as_mix, _cached_mix, _Engine
-    from model.serving_agreement import dsv4_dep8_b300
+    from model.serve.engine import _as_mix, _cached_mix, _Engine
+    from model.validate.agreement import dsv4_dep8_b300
 
     sm = dsv4_dep8_b300()
     load = ClosedLoop(32)
@@ -413,7 +413,7 @@ def test_first_step_mixture_thins_arrivals_during_a_run():
     # D)] / D of the rate) and the decoding ones finish at td / (td + h) of their pace: gaps of
     # 5 s keep 0.5 + 0.5 * 0.01 / 5.01 of the arrivals, so f becomes 0.2 k / (0.2 k + 0.8) =
     # 0.1113 (worked by hand); gaps far longer than the run keep them all.
-    from model.serving import _run_mixture
+    from model.serve.engine import _run_mixture
 
     span, ext, k = np.array([10.0]), np.array([5.0]), np.array([1.0])
 

@@ -1,17 +1,17 @@
 """The serving model answers to the prefix cache (issue 5 item 6): the hit rate and tier traffic
-of model.cache_model (engineer F) flow through model.serving_cache into TTFT and TPGS."""
+of model.serve.cache_model (engineer F) flow through model.serve.cache_effect into TTFT and TPGS."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model.cache_model import hit_rate
-from model.policy import EnginePolicy
-from model.serving import AffineStepModel, request_mix_for, serve
-from model.serving_cache import CacheEffect, from_cache_result
-from model.tiers import Tier
-from model.workload import ClosedLoop, OpenLoop, load_workload
+from model.perf.tiers import Tier
+from model.serve.cache_effect import CacheEffect, from_cache_result
+from model.serve.cache_model import hit_rate
+from model.serve.engine import AffineStepModel, request_mix_for, serve
+from model.serve.policy import EnginePolicy
+from model.specs.workload import ClosedLoop, OpenLoop, load_workload
 
 # affine step model with prefill cost linear in tokens (e = 0), so an idle engine's TTFT is
 # k (a + c) + b u for a prompt of u uncached tokens in k chunks of the 8192-token budget
@@ -115,7 +115,7 @@ def test_reference_step_model_keeps_the_profile_hit():
 
 def test_cli_serve_reports_the_cache_behind_its_hit_rate(cli):
     # DeepSeek V4 Pro on B300, DP8/EP8, 1024 AgentX sessions: the HBM pool alone holds less
-    # than the sessions' contexts, so the closed form (model.cache_model) hits below the
+    # than the sessions' contexts, so the closed form (model.serve.cache_model) hits below the
     # profile's infinite-cache ceiling; host memory as a second tier raises the hit and TPGS
     args = ("serve", "--arch", "deepseek-v4-pro", "--hardware", "b300", "--dp", "8", "--ep", "8",
             "--concurrency", "1024", "--long-prefill-token-threshold", "512", "--json")

@@ -1,4 +1,4 @@
-"""Discrete-event oracle (model.simulate) and the closed form's agreement with it on named
+"""Discrete-event oracle (model.serve.simulate) and the closed form's agreement with it on named
 scenarios. The tolerances are the agreement measured when the closed form was built (quoted per
 scenario); where they exceed 10% the comment says why the two part."""
 
@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from model import ROOT
-from model.policy import EnginePolicy
-from model.serving import AffineStepModel, serve
-from model.simulate import simulate
-from model.workload import (
+from model.serve.engine import AffineStepModel, serve
+from model.serve.policy import EnginePolicy
+from model.serve.simulate import simulate
+from model.specs.workload import (
     WORKLOADS_DIR,
     ClosedLoop,
     OpenLoop,
@@ -70,7 +70,7 @@ def test_requests_arriving_before_the_end_are_drained(out, measured_tpot, unfini
 def test_md1_prefill_queue_agrees_within_10_percent():
     # 4000-token prompts, 2 output tokens, Poisson 2/s: an M/D/1 queue of one-step prefills.
     # Measured: TTFT p50 +0.1%, p90 -3.3%, p99 -3.4% (closed form vs 4000 s simulated; -5% at
-    # p90 before two 4000-token prompts could share one step, model.serving tail_q; 2026-12-03,
+    # p90 before two 4000-token prompts could share one step, model.serve.engine tail_q; 2026-12-03,
     # with the shared step drawn with the own wait: -8% / +8% until a prompt that waited past
     # its predecessor's last step merged into it, -12% / -10% while it merged without waiting).
     d = yaml.safe_load((WORKLOADS_DIR / "fixed-8k1k.yaml").read_text())
@@ -89,7 +89,7 @@ def test_md1_prefill_queue_agrees_within_10_percent():
 def test_fixed_8k1k_open_loop_agreement():
     # Poisson 1 req/s of 8k/1k, threshold off. Measured (1500 s simulated): TTFT p50 -2.0%,
     # p90 -10.4%, p99 -8.6%; TPOT p50 0.0%, p90 -6.1%, p99 -6.3%; TPGS +0.9%. Before the closed
-    # form let the next queued prompt fill a prompt's last step (model.serving, tail_q) the TTFT
+    # form let the next queued prompt fill a prompt's last step (model.serve.engine, tail_q) the TTFT
     # p90/p99 sat at -20%: the 8-token remainder of an 8192-token prompt rides in a step with
     # the next prompt's 8176-token chunk, so that prompt's first token waits a whole extra
     # prefill step. What remains at p90: a prompt that joins the previous one's last step needs
@@ -106,12 +106,12 @@ def test_fixed_8k1k_open_loop_agreement():
 
 
 def test_fixed_8k1k_light_poisson_agrees_within_10_percent():
-    # Poisson 0.5 req/s of 8k/1k, threshold off (model.serving_agreement scenario
+    # Poisson 0.5 req/s of 8k/1k, threshold off (model.validate.agreement scenario
     # fixed-8k1k-poisson-0.5). Measured (1500 s): TTFT p50 -0.9%, p90 -0.5%, p99 -4.2%; TPOT
     # p50 -1.5%, p90 -4.2%, p99 -7.5%; TPGS -3.1% (it was TTFT p90 -29.6% before the shared
     # last step: 13.5% of prompts (x * one prefill step = 0.5 * 0.27 s) see the next prompt
     # arrive during their first chunk and pay its 8176-token chunk, +0.26 s)
-    from model.serving_agreement import agreement
+    from model.validate.agreement import agreement
 
     rel = agreement("fixed-8k1k-poisson-0.5", 1500)
     assert all(abs(v) < 0.10 for v in rel.values()), rel
@@ -124,7 +124,7 @@ def test_threshold_ttft_tails_carry_self_excited_runs():
     # TTFT p90 / p99 at -19% / -26% of the simulation (mean 0.60 s vs 0.66 s; processor
     # sharing with step td + N h gives 0.64 s). Measured (1500 s) with the negative-binomial
     # counts and the mean-field rate: TTFT +1.1 / -1.5 / +0.2%, TPOT 0.0 / -5.5 / -5.5%.
-    from model.serving_agreement import agreement
+    from model.validate.agreement import agreement
 
     rel = agreement("fixed-8k1k-poisson-1.0-t512", 1500)
     assert all(abs(v) < 0.10 for v in rel.values()), rel
@@ -135,7 +135,7 @@ def test_fixed_lengths_closed_loop_with_think_time_agrees_within_10_percent(scen
     # 8k/1k sessions with lognormal think time (mean 10 s), 16 and 32 sessions, threshold off.
     # Measured (1500 s): n16 TTFT -2.7/-1.4/+3.8%, TPOT +0.5/+2.6/+5.6%, TPGS -1.3%;
     # n32 TTFT -3.9/-8.1/-9.6%, TPOT -0.4/+1.8/+4.8%, TPGS -1.6% (p50/p90/p99)
-    from model.serving_agreement import agreement
+    from model.validate.agreement import agreement
 
     rel = agreement(scenario, 1500)
     assert all(abs(v) < 0.10 for v in rel.values()), rel
@@ -176,7 +176,7 @@ def test_agentx_sample_trace_replay_agreement():
     # agentx-sample-n16-t512). Against its 10 stored runs of 30,000 s (serving_agreement_sims.csv,
     # 2026-12-04): TTFT P50 / P90 / P99 +0.0 / +1.6 / -0.2%, TPOT P50 / P90 / P99 -0.8 / -0.2
     # / -0.3%, TPGS +0.4% (2026-12-05; the TPOT P99 read -13.4% with Poisson run counts in the
-    # decode window, before the self-excited count of model.serving_tails._run_excitation).
+    # decode window, before the self-excited count of model.serve.tails._run_excitation).
     # One 3,000 s run is no reference: its TTFT P90 read -0.3% on one draw of first sessions
     # and +23.9% on the next (seed 1, 2026-12-03 / 2026-12-04). The same replay with each turn
     # drawn independently (sessions=False, 4 seeds' mean) isolates the closed form: TTFT and
@@ -184,9 +184,9 @@ def test_agentx_sample_trace_replay_agreement():
     # -11.8% with Poisson counts).
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
-    from model.traces import load_trace
-    from model.workload import ClosedLoop, RecordedWorkload
+    from model.specs.traces import load_trace
+    from model.specs.workload import ClosedLoop, RecordedWorkload
+    from model.validate.agreement import SIMS, compare
 
     sample = ROOT / "data" / "traces" / "cc_traces_weka_042026_sample"
     if not sample.exists():
@@ -218,7 +218,7 @@ def test_threshold_decode_windows_see_self_excited_run_counts():
     # stored runs.
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     one, dep = "agentx-sample-n32-t512", "dsv4-dep8-pop64-n128-t512-iv1"
     rel = compare(pd.read_csv(SIMS), [one, dep]).set_index(["scenario", "metric"])["rel"]
@@ -234,7 +234,7 @@ def test_one_rank_closed_loop_arrivals_thin_while_runs_stretch_the_steps():
     # run far longer than a gap the sessions arrive at (Z + A) / (Z + A s) = 15 / 30 = 0.5 of
     # the rate; over a 1 ms run the idle ones still arrive: E[min(10, 0.001)] / 0.001 = 1, so
     # the share is 1; without a stretch nothing thins.
-    from model.serving_tails import _arrivals_kept_cycling
+    from model.serve.tails import _arrivals_kept_cycling
 
     gaps = np.full(100, 10.0)
     long_run, short_run = _arrivals_kept_cycling(gaps, 15.0, 0.01, [0.03, 0.03], [1e6, 0.025])
@@ -248,7 +248,7 @@ def test_one_rank_closed_loop_arrivals_thin_while_runs_stretch_the_steps():
     # population), 2026-12-05.
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     names = ["agentx-n48-t512", "agentx-pop64-n48-t512"]
     rel = compare(pd.read_csv(SIMS), names).set_index(["scenario", "metric"])["rel"]
@@ -260,8 +260,8 @@ def test_slot_chain_window_sum_by_hand():
     # P(1 -> 0) = 0.4, windows opening in state 0. Over two slots: Y = J1 + J2 with
     # P(Y = 0) = 0.7 x 0.7 = 0.49, P(Y = 1) = 0.7 x 0.3 + 0.3 x 0.4 = 0.33, P(Y = 2) = 0.3 x 0.6
     # = 0.18; 1.5 slots mix one slot (0.7, 0.3) and two half and half.
-    from model.lockstep import SlotChain
-    from model.serving_tails import _chain_sum_pmf
+    from model.serve.lockstep import SlotChain
+    from model.serve.tails import _chain_sum_pmf
 
     pmfs = np.zeros((2, 8))
     pmfs[0, 0] = pmfs[1, 1] = 1.0
@@ -279,7 +279,7 @@ def test_dep8_fcfs_tpot_takes_the_larger_of_the_shot_and_chain_laws():
     # laws took the TPOT P50 from -13.2% to -0.7% of the 5 stored runs, P90 / P99 +5.8 / +7.9%.
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     name = "dsv4-dep8-pop64-n256-t0-iv8"
     rel = compare(pd.read_csv(SIMS), [name]).set_index("metric")["rel"]
@@ -292,7 +292,7 @@ def test_dep8_lockstep_fcfs_against_long_simulations():
     # sessions from one shared 64-session population, no threshold: eight lock-stepped ranks
     # and cold prefills of up to 850K tokens. Against the stored seeds of 12,000 s
     # (data/calibration/serving_agreement_sims.csv, 2026-12-04). Runs cluster across ranks
-    # (model.lockstep's birth-death chain; independent ranks put the mean step at 128 sessions,
+    # (model.serve.lockstep's birth-death chain; independent ranks put the mean step at 128 sessions,
     # cadence 1, at 88.5 ms against ~72 ms simulated); clusters are the TPOT law's shots, one at
     # a time (single_inside); the closed loop times decodes at the step they see (85 ms there).
     # TPOT P50 / P90 / P99 at 128 sessions, cadence 1: +27.6 / +4.1 / -3.2% before, -3.7 /
@@ -303,12 +303,12 @@ def test_dep8_lockstep_fcfs_against_long_simulations():
     # cadence-8 TTFT P90 / P99 went from +15.7 / +25.7% (the others' mean extension on top) to
     # -6.7 / -3.4%. The first-step mixture thins arrivals during another rank's run: TTFT P50
     # at cadence 1, 128 / 32 sessions, -4.6 / +2.6%. The finite-source wait law that drains the
-    # idle pool over a busy period (model.finite_source, 2026-12-05) put the cadence-8 TTFT P90
+    # idle pool over a busy period (model.serve.finite_source, 2026-12-05) put the cadence-8 TTFT P90
     # / P99 at -11.8 / +1.2% (from -7.2 / +7.6%): the P90 within the five seeds' noise (the
     # report's verdict), not within 10% of their mean.
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     names = ["dsv4-dep8-pop64-n128-t0-iv8", "dsv4-dep8-pop64-n128-t0-iv1",
              "dsv4-dep8-pop64-n32-t0-iv1"]
@@ -331,7 +331,7 @@ def test_closed_loop_fcfs_wait_and_e2e_against_stored_simulations():
     # .csv). The TTFT P90 sits where the TTFT law is flat (P(TTFT <= 2 s) 0.905 simulated, 0.895
     # before): a fresh idle pool at every job start with the Pollaczek-Khinchine ladder counted
     # twice the queue ahead of an arrival that the runs hold (0.35 against 0.17 s), and the
-    # TTFT P90s read +39.6 / +13.0%. The pool drained over the busy period (model.finite_source)
+    # TTFT P90s read +39.6 / +13.0%. The pool drained over the busy period (model.serve.finite_source)
     # reads +1.1 / -4.5%. The E2E P90 (1 / P90 of E2EL / OSL) read -23.6 / -12.7%: a request
     # that waited long decodes beside the prompts queued behind it, and made independent of
     # its TTFT that slow decode lands on other requests (shuffling TPOT among the simulated
@@ -339,7 +339,7 @@ def test_closed_loop_fcfs_wait_and_e2e_against_stored_simulations():
     # backlog by the request's own sojourn (E2E_SOJOURN_SLICES) reads -5.9 / +0.6% (2026-12-05).
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     d = compare(pd.read_csv(SIMS), ["agentx-pop16-n48", "agentx-pop64-n48"]).set_index(
         ["scenario", "metric"])["rel"]
@@ -359,7 +359,7 @@ def test_fcfs_decode_windows_open_on_the_queued_backlog():
     # a run, is the reference.
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     name = "agentx-pop64-n48"
     rel = compare(pd.read_csv(SIMS), [name]).set_index("metric")["rel"]
@@ -374,7 +374,7 @@ def test_dep8_threshold_ttft_is_masked_by_the_own_chunk():
     # -0.6 / +9.7%, TPGS +2.8% (before the masking, on one 4,000 s run: +14 / +25 / +29%).
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     d = compare(pd.read_csv(SIMS), ["dsv4-dep8-pop64-n128-t512-iv1"]).set_index("metric")["rel"]
     assert all(abs(d[f"ttft_{q}"]) < 0.10 for q in ("p50", "p90", "p99")), d
@@ -386,7 +386,7 @@ def test_e2e_normalized_interactivity_folds_ttft_into_the_rate():
     # InferenceX MODELS.md: "r_i = E2EL_i / OSL_i ... 1 / percentile_q({r_i})"). One 8k/1k
     # session: E2EL = TTFT + 1023 TPOT for all 1024 tokens, so the median rate is
     # 1024 / (TTFT + 1023 TPOT) of the median TTFT and TPOT, and below 1 / TPOT.
-    from model.serving_agreement import BY_NAME
+    from model.validate.agreement import BY_NAME
 
     sm, w, pol = BY_NAME["fixed-8k1k-think10-n16"].build()
     r = serve(sm, w, pol, ClosedLoop(1))
@@ -404,7 +404,7 @@ def test_e2e_normalized_interactivity_agrees_on_agentx_sessions():
     # stored seeds (data/calibration/serving_agreement_sims.csv): +0.6% / -2.3% / -3.5%.
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     names = ["agentx-pop64-n48", "agentx-pop64-n48-t512", "fixed-8k1k-think10-n32"]
     d = compare(pd.read_csv(SIMS), names).set_index(["scenario", "metric"])["rel"]
@@ -423,7 +423,7 @@ def test_fcfs_ttft_body_draws_the_shared_last_step_with_the_own_wait():
     # got a next prompt's ~90 ms chunk).
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     sims = pd.read_csv(SIMS)
     names = ["agentx-pop16-n48", "agentx-pop64-n48", "agentx-n48-indep"]
@@ -438,14 +438,14 @@ def test_e2e_pairs_each_output_length_with_its_own_ttft():
     # (data/calibration/serving_agreement_sims.csv): pairing each output length with its own
     # requests' TTFT law took E2E P90 from -14.5% / -13.8% (every request's TTFT law) to
     # -9.7% / -11.0% (2026-12-03), toward the simulation; the busiest-rank window map of the
-    # lock-stepped TPOT law (model.serving_tails._lockstep_masked) then took the DEP row to -7.9%.
+    # lock-stepped TPOT law (model.serve.tails._lockstep_masked) then took the DEP row to -7.9%.
     # Against the runs of 2026-12-04 (12,000 s DEP runs, lanes starting in turn-weighted
     # sessions) and the decode step floored at one sequence on the replica: -2.6% / -8.4%; with
     # the one-rank threshold TPOT law's self-excited run count (2026-12-05) -2.6% / -6.4%, and
     # with arrivals thinned while a run stretches the steps -2.6% / -3.3%.
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     sims = pd.read_csv(SIMS)
     names = ["dsv4-dep8-pop64-n32-t512-iv8", "agentx-pop64-n16-t512"]
@@ -457,7 +457,7 @@ def test_e2e_pairs_each_output_length_with_its_own_ttft():
 def test_agreement_verdict_tells_noise_from_error():
     # issue #4: within 10% of the simulated mean agrees; beyond it but within 10% of a value
     # inside the mean's 95% interval is noise (the simulation cannot tell); beyond both parts
-    from model.serving_agreement import verdict
+    from model.validate.agreement import verdict
 
     assert verdict(0.08, 0.0) == "agrees"
     assert verdict(-0.15, 0.07) == "noise"
@@ -469,7 +469,7 @@ def test_agreement_compares_with_the_mean_of_the_seeds_and_its_student_interval(
     # (Student's t table) x 1.5811 / sqrt(5) = 1.963, i.e. 16.4% of the mean
     import pandas as pd
 
-    from model.serving_agreement import METRICS, closed_form, compare
+    from model.validate.agreement import METRICS, closed_form, compare
 
     name = "fixed-8k1k-think10-n16"
     sims = pd.DataFrame([{"scenario": name, "seed": s, **{m: 1.0 for m in METRICS},
@@ -486,8 +486,8 @@ def test_independent_turn_pool_holds_the_workloads_cold_prompts():
     # (sessions=False) is drawn as the closed form's mix, so its E[uncached^2] over pools of
     # seeds 1-8 sits at the 320,000-request mix's: 1.017x measured 2026-12-04, where 50,000
     # requests drawn as whole sessions (~1,250 of them) gave 0.909x and a TTFT P90 46% short.
-    from model.serving import request_mix_for
-    from model.simulate import _MixPool
+    from model.serve.engine import request_mix_for
+    from model.serve.simulate import _MixPool
 
     w = load_workload("agentx")
     ref = np.mean(request_mix_for(w, 320_000, 0, None).uncached_tokens.astype(float) ** 2)
@@ -505,11 +505,11 @@ def test_agreement_reports_the_closed_forms_own_mix_seed_spread():
     # 1.776 / 1.765 / 1.754 s, 0.63%, once the sessions decoding beside a long prompt arrive
     # behind it, 1.770 / 1.756 / 1.743 s, 0.76%, once queued prompts share their
     # predecessor's last step, and 1.548 / 1.531 / 1.520 s, 0.91%, once the closed loop's
-    # wait drains its idle pool over a busy period (model.finite_source; simulated 1.650 s,
+    # wait drains its idle pool over a busy period (model.serve.finite_source; simulated 1.650 s,
     # 2026-12-05)
     import pandas as pd
 
-    from model.serving_agreement import SIMS, compare
+    from model.validate.agreement import SIMS, compare
 
     name = "agentx-n48-indep"
     row = compare(pd.read_csv(SIMS), [name], cf_seeds=3).set_index("metric").loc["ttft_p90"]
@@ -518,10 +518,10 @@ def test_agreement_reports_the_closed_forms_own_mix_seed_spread():
 
 
 def test_the_fcfs_wait_law_samples_every_session_the_mix_is_thinned_from():
-    # A session profile's mix keeps every 16th request of a 16x draw (model.serving._cached_mix);
+    # A session profile's mix keeps every 16th request of a 16x draw (model.serve.engine._cached_mix);
     # the queue sample is that whole draw, so the mix is its every 16th request. A requests
     # profile (fixed lengths) is not thinned: its queue sample is the mix itself.
-    from model.serving import MIX_SESSIONS_FACTOR, _cached_mix
+    from model.serve.engine import MIX_SESSIONS_FACTOR, _cached_mix
 
     w = load_workload("agentx")
     mix, queue = _cached_mix(w, 2000, 3, None), _cached_mix(w, 2000, 3, None, queue=True)
@@ -537,7 +537,7 @@ def test_the_fcfs_wait_law_samples_every_session_the_mix_is_thinned_from():
 def test_a_run_cut_short_by_max_steps_is_an_error():
     # 100 Poisson requests/s of 8K prompts need thousands of steps per simulated minute: a cap
     # of 50 steps ends the run long before duration_s, which must not pass for a shorter window
-    from model.errors import ServecastError
+    from model.specs.errors import ServecastError
 
     w = load_workload("fixed-8k1k")
     with pytest.raises(ServecastError, match="max_steps: 50 steps reached"):
@@ -551,7 +551,7 @@ def test_lanes_start_in_sessions_in_proportion_to_their_turns():
     # A uniformly drawn first session put them there half the time, so lanes left their first
     # session early and started cold sessions at about twice the steady rate (AgentX population
     # of 64: 40 turns left on average instead of 90; 2026-12-04).
-    from model.simulate import _first_sessions
+    from model.serve.simulate import _first_sessions
 
     class Pool:
         k = 0

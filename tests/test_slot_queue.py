@@ -1,9 +1,9 @@
-"""model.slot_queue: the wait for a threshold engine's prefill slots against closed answers."""
+"""model.serve.slot_queue: the wait for a threshold engine's prefill slots against closed answers."""
 
 import numpy as np
 import pytest
 
-from model.slot_queue import _departure_dispersion, slot_wait
+from model.serve.slot_queue import _departure_dispersion, slot_wait
 
 # exponential slot times of mean 1 s, drawn on quantiles (no sampling noise)
 EXPONENTIAL = -np.log1p(-(np.arange(20000) + 0.5) / 20000)

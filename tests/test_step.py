@@ -1,4 +1,4 @@
-"""Step latency model (model.step) on hand-built architectures and an H100-like test chip."""
+"""Step latency model (model.perf.step) on hand-built architectures and an H100-like test chip."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from test_ops import deepseek_v3_like, llama8b, toy_hw
 
-from model.errors import Infeasible
-from model.parallel import ParallelPlan
-from model.step import EngineFactors, build_step_model
+from model.perf.parallel import ParallelPlan
+from model.perf.step import EngineFactors, build_step_model
+from model.specs.errors import Infeasible
 
 NO_OVERHEAD = EngineFactors(step_overhead_s=0.0)
 
@@ -100,13 +100,13 @@ def test_precision_override_halves_weight_bytes():
 
 def test_dcp_leaves_linear_attention_to_tp():
     # Kimi K3's 69 KDA layers keep one recurrent state per sequence, sharded by heads over TP
-    # (model.parallel.kv_shard); DCP splits cached entries along the sequence and has nothing
+    # (model.perf.parallel.kv_shard); DCP splits cached entries along the sequence and has nothing
     # to split there, so TP8 with DCP8 runs a KDA decode exactly as TP8 does, while the MLA
     # layers attend 1/8 of the context with all 96 heads (research/theory.md §1.3): the same
     # FLOPs on 1/8 of the KV bytes, faster where the read dominates
-    from model.architecture import load_architecture
-    from model.hardware import load_hardware
-    from model.plan import step_model
+    from model.plan.planner import step_model
+    from model.specs.architecture import load_architecture
+    from model.specs.hardware import load_hardware
 
     kimi, gb300 = load_architecture("kimi-k3"), load_hardware("gb300-nvl72")
     ops = {}
@@ -120,11 +120,11 @@ def test_dcp_leaves_linear_attention_to_tp():
 
 def test_msa_index_keys_are_one_per_token_in_the_step_model_too():
     # MiniMax M3's side index-K cache holds one 128-wide key per token per sparse layer
-    # (research/architectures.md §3: TensorRT-LLM's [num_slots, 1, sparse_index_dim]; model.kv):
-    # at TP1 the step model's per-sequence KV equals model.kv's footprint (it had counted one
+    # (research/architectures.md §3: TensorRT-LLM's [num_slots, 1, sparse_index_dim]; model.perf.kv):
+    # at TP1 the step model's per-sequence KV equals model.perf.kv's footprint (it had counted one
     # key per 128-token block)
-    from model.architecture import load_architecture
-    from model.kv import sequence_kv
+    from model.perf.kv import sequence_kv
+    from model.specs.architecture import load_architecture
     arch = load_architecture("minimax-m3")
     sm = build_step_model(arch, toy_hw(hbm_bytes=2e12), ParallelPlan(), kv_dtype="bf16")
     ctx = 131072
@@ -134,7 +134,7 @@ def test_msa_index_keys_are_one_per_token_in_the_step_model_too():
 
 
 def test_dcp_prefill_gather_costs_nothing_in_decode_steps():
-    # the prefill-only KV gather launches only when a step prefills (model.parallel
+    # the prefill-only KV gather launches only when a step prefills (model.perf.parallel
     # Collective.skip_empty): a decode-only DCP step is the same with or without it, a
     # prefill step at 100K context pays it on every MLA layer
     hw = toy_hw(hbm_bytes=141e9, hbm_bandwidth_bytes_per_s=4.8e12)

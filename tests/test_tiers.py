@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model import ROOT, cache, tiers
-from model.architecture import load_architecture
-from model.hardware import load_hardware
-from model.parallel import ParallelPlan
+from model import ROOT
+from model.perf import tiers
+from model.perf.parallel import ParallelPlan
+from model.serve import cache_replay as cache
+from model.specs.architecture import load_architecture
+from model.specs.hardware import load_hardware
 
 AGENTX = ROOT / "data" / "traces" / "cc_traces_weka_042026_sample"
 CHIPS = ("h200-sxm", "b200", "gb300-nvl72")

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from model import ROOT
-from model.errors import SpecError
-from model.traces import load_trace, requests_table
+from model.specs.errors import SpecError
+from model.specs.traces import load_trace, requests_table
 
 TRACES = ROOT / "data" / "traces"
 AGENTX = TRACES / "cc_traces_weka_042026_sample"

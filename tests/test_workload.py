@@ -7,8 +7,9 @@ import pytest
 import yaml
 
 from model import ROOT
-from model.errors import ServecastError, SpecError
-from model.workload import (
+from model.fit.workload import empirical, lognormal_params, sample_statistics
+from model.specs.errors import ServecastError, SpecError
+from model.specs.workload import (
     ClosedLoop,
     OpenLoop,
     list_workloads,
@@ -16,7 +17,6 @@ from model.workload import (
     trace_arrivals,
     workload_from_dict,
 )
-from model.workload_fit import empirical, lognormal_params, sample_statistics
 
 TRACES = ROOT / "data" / "traces"  # repo copy of ../shared/data/traces (engineer F)
 
@@ -84,7 +84,7 @@ def test_agentx_v1_profile_carries_the_stated_v1_laws():
     # are agentx-synthetic's.
     import numpy as np
 
-    from model.workload_fit import fit_agentx_v1
+    from model.fit.workload import fit_agentx_v1
 
     w = load_workload("agentx-v1")
     syn = load_workload("agentx-synthetic")
@@ -138,7 +138,7 @@ def test_empirical_distribution_mean_is_the_trapezoid_of_its_quantiles():
 
 
 def test_bad_profile_names_file_and_key(tmp_path):
-    from model.workload import WORKLOADS_DIR
+    from model.specs.workload import WORKLOADS_DIR
 
     good = yaml.safe_load((WORKLOADS_DIR / "fixed-1k1k.yaml").read_text())
     bad = dict(good, hit_rate=1.5)
@@ -181,7 +181,7 @@ def test_load_models_validate():
 
 
 def test_trace_arrivals_uncached_tokens_from_hash_prefix():
-    from model.traces import Request, Session
+    from model.specs.traces import Request, Session
 
     h = np.arange
     s = Session("s", (Request(0.0, 128, 5, h(2), 64), Request(2.0, 256, 7, h(4), 64)),
@@ -194,7 +194,7 @@ def test_trace_arrivals_uncached_tokens_from_hash_prefix():
 
 @pytest.mark.skipif(not (TRACES / "derived").exists(), reason="shared traces not present")
 def test_refit_from_the_derived_trace_reproduces_the_stored_profile():
-    from model.workload_fit import fit_agentx
+    from model.fit.workload import fit_agentx
 
     fitted = fit_agentx(TRACES)
     stored = load_workload("agentx-synthetic")

@@ -3,7 +3,7 @@
 #
 # Every quantitative claim of the seed documents (the post, a news piece, a talk summary) is in
 # `claims.yaml` with its tolerance and the model function that predicts it. This notebook runs
-# them all (`model.reproduce`), tabulates published against predicted, and draws three figures:
+# them all (`model.validate.reproduce`), tabulates published against predicted, and draws three figures:
 # the ratio predicted / published per claim, the results table (TPGS at P90 > 50 tok/s) and the
 # cost comparison against Opus 5 API prices.
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from model import charts
-from model.nbio import write_headline
-from model.reproduce import load_paper, reproduce
-from model.reproduce import write_report as write_report_md
+from model.frontends import charts
+from model.frontends.nbio import write_headline
+from model.validate.reproduce import load_paper, reproduce
+from model.validate.reproduce import write_report as write_report_md
 
 patterns = [p.strip() for p in only.split(",") if p.strip()] or None
 result = reproduce("vllm-agentx", only=patterns, workers=workers)

@@ -1,0 +1,74 @@
+"""`bench_search()`: speed of the full deployment search on the default scenario (`make bench`).
+
+Two numbers: `cold` includes enumerating the plans, building every plan's step model, the step
+tables the search reads (prefill-only plans need none) and the cache model's answers for every plan's capacities (what happens once per process
+is done before the clock starts: imports, reading data files, calibration tables and the
+workload's sessions, compiling the sympy op formulas), median and minimum of `repeats` runs;
+`warm` re-runs the search with those tables kept, which is the cost of evaluating the
+candidates (the target: >= 10,000 candidates in <= 2 s)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from model.plan.planner import _MODEL_CACHE, _PLANS_CACHE, DEFAULT_SCENARIO, plan
+
+
+def _clear_search_caches() -> None:
+    """Forget what a search builds: plans, step models and tables, GEMM columns, cache-model
+    answers and per-sample curves."""
+    from model.perf import roofline
+    from model.plan.planner import search_cache
+    from model.serve import cache_model
+
+    for cache in (_MODEL_CACHE, _PLANS_CACHE, roofline._GEMM_COLUMNS, search_cache._HITS,
+                  search_cache._GRID_HITS, cache_model._curves, cache_model._cached_parts):
+        cache.clear()
+
+
+def bench_search(repeats: int = 3, **scenario) -> dict:
+    args = {**DEFAULT_SCENARIO, **scenario}
+    # data read once per process, not timed: spec files, the calibration tables and the
+    # workload's recorded sessions
+    from model import kernels, ops, serving  # noqa: F401  (imported by plan on first use)
+    from model.perf.step import engine_factors
+    from model.plan.planner import _load, traffic_for
+
+    for name in ops.FORMULAS:
+        ops.compiled(name)
+
+    _, _, w = _load(args["arch"], args["hardware"], args["workload"])
+    kernels.fitted_table()
+    engine_factors("vllm")
+    traffic_for(w)
+    colds = []
+    for _ in range(repeats):  # the machine's noise is tens of percent: report median and min
+        _clear_search_caches()
+        started = time.perf_counter()
+        result = plan(**args)
+        colds.append(time.perf_counter() - started)
+    cold = float(np.median(colds))
+    started = time.perf_counter()
+    result = plan(**args)
+    warm = time.perf_counter() - started
+    return {"scenario": {k: args[k] for k in ("arch", "hardware", "gpus", "workload")},
+            "candidates": int(len(result.candidates)),
+            "aggregated_candidates": int((result.candidates["mode"] == "aggregated").sum()),
+            "disaggregated_candidates": int((result.candidates["mode"] == "disaggregated").sum()),
+            "plans": len([m for m in _MODEL_CACHE.values() if m is not None]),
+            "plans_with_tables": len([m for m in _MODEL_CACHE.values()
+                                      if m is not None and "table" in vars(m)]),
+            "cold_search_s": cold, "cold_search_min_s": min(colds),
+            "cold_search_runs_s": [round(c, 3) for c in colds], "warm_search_s": warm,
+            "candidates_per_s_warm": len(result.candidates) / warm,
+            "target": ">= 10,000 candidates in <= 2 s",
+            "meets_target_warm": bool(len(result.candidates) >= 10_000 and warm <= 2.0),
+            "meets_target_cold": bool(len(result.candidates) >= 10_000 and cold <= 2.0)}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(bench_search(), indent=2))

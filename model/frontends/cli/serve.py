@@ -1,0 +1,155 @@
+"""`servecast workload list|show`, `servecast serve`, `servecast simulate`: workload profiles and
+the serving model (closed form and its discrete-event oracle) from the command line."""
+
+from __future__ import annotations
+
+import typer
+
+from model.frontends.cli.output import emit
+from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
+from model.specs.errors import ServecastError
+
+workload_app = typer.Typer(no_args_is_help=True, help="Workload profiles (data/workloads/).")
+
+
+@workload_app.command("list")
+def workload_list(as_json: bool = typer.Option(False, "--json", help="print one JSON object")):
+    """Names of the workload profiles."""
+    from model.specs.workload import list_workloads
+
+    emit({"workloads": list_workloads()}, as_json)
+
+
+@workload_app.command("show")
+def workload_show(
+    name: str = typer.Argument(..., help="profile name or path to a .yaml profile"),
+    sessions: int = typer.Option(2000, "--sessions", help="sessions drawn for the statistics"),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """The validated profile, the statistics of sessions drawn from it and the published checks."""
+    from model.fit.workload import sample_statistics
+    from model.specs.workload import load_workload
+
+    w = load_workload(name)
+    out = {"name": w.name, "kind": w.kind, "description": w.description, "source": w.source,
+           "date": w.date, "hit_rate": w.hit_rate}
+    mix = w.request_mix(20_000, seed)
+    out["request_mix"] = {
+        "mean_context_tokens": float(mix.context_tokens.mean()),
+        "median_context_tokens": float(_median(mix.context_tokens)),
+        "mean_uncached_tokens": float(mix.uncached_tokens.mean()),
+        "mean_output_tokens": float(mix.output_tokens.mean()),
+        "hit_rate": mix.hit_rate}
+    if w.kind == "sessions":
+        out["sample_statistics"] = sample_statistics(w, sessions, seed)
+    out["checks"] = dict(w.checks)
+    out["profile"] = w.model_dump()
+    emit(out, as_json)
+
+
+def _median(a):
+    import numpy as np
+
+    return np.median(a)
+
+
+def _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision, kv_dtype,
+                spec_tokens=0, spec_acceptance=0.0):
+    from model.perf.parallel import ParallelPlan
+    from model.perf.step import build_step_model
+    from model.specs.architecture import load_architecture
+    from model.specs.hardware import load_hardware
+
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1, pcp=pcp, dcp=dcp)
+    return build_step_model(load_architecture(arch), load_hardware(hardware), plan,
+                            precision=precision, kv_dtype=kv_dtype, spec_tokens=spec_tokens,
+                            spec_acceptance=spec_acceptance)
+
+
+def _load(concurrency, rate, cv, gap_cap_s, workload):
+    from model.specs.workload import ClosedLoop, OpenLoop
+
+    if (concurrency is None) == (rate is None):
+        raise ServecastError("serve: give exactly one of --concurrency (closed loop) or "
+                             "--rate (open loop, requests/s)")
+    if concurrency is not None:
+        return ClosedLoop(concurrency, gap_cap_s)
+    if rate <= 0:
+        raise ServecastError(f"serve: --rate: must be > 0, got {rate}")
+    return OpenLoop(rate, cv if cv is not None else (
+        workload.arrivals.interarrival_cv if workload.arrivals else 1.0))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(workload_app, name="workload")
+
+    @app.command("serve")
+    def serve_cmd(
+        arch: str = typer.Option(..., "--arch", help="architecture slug, HF id or config.json"),
+        hardware: str = typer.Option(..., "--hardware", help="hardware name or YAML path"),
+        workload: str = typer.Option("agentx", "--workload", help="workload profile"),
+        concurrency: int = typer.Option(None, "--concurrency", help="sessions (closed loop)"),
+        rate: float = typer.Option(None, "--rate", help="requests/s (open loop)"),
+        interarrival_cv: float = typer.Option(None, "--interarrival-cv",
+                                              help="open loop burstiness (default: profile/1)"),
+        gap_cap_s: float = typer.Option(TURN_GAP_CAP_S, "--gap-cap-s", help="cap on tool/think gaps"),
+        hit_rate: float = typer.Option(None, "--hit-rate", help="prefix-cache hit (default: "
+                                       "model.serve.cache_model for this replica's tiers)"),
+        cache_policy: str = typer.Option("lru", "--cache-policy",
+                                         help="lru | interval | second-hit"),
+        cache_tiers: str = typer.Option("hbm,host", "--cache-tiers",
+                                        help="comma list from hbm,host,nvme,remote"),
+        prefetch_reload: bool = typer.Option(False, "--prefetch-reload", help="copy lower-tier "
+                                             "hits up during the tool/think gap"),
+        infinite_cache: bool = typer.Option(False, "--infinite-cache",
+                                            help="use the profile's infinite-cache hit"),
+        long_prefill_token_threshold: int = typer.Option(0, "--long-prefill-token-threshold",
+                                                         help="0 = off (vLLM)"),
+        max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens"),
+        max_num_seqs: int = typer.Option(MAX_NUM_SEQS, "--max-num-seqs"),
+        prefill_schedule_interval: int = typer.Option(1, "--prefill-schedule-interval"),
+        slo_p90_interactivity: float = typer.Option(None, "--slo-p90-interactivity"),
+        precision: str = typer.Option(None, "--precision"),
+        kv_dtype: str = typer.Option(None, "--kv-dtype"),
+        tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"),
+        dp: int = typer.Option(1, "--dp"), ep: int = typer.Option(1, "--ep"),
+        moe_tp: int = typer.Option(None, "--moe-tp"),
+        dcp: int = typer.Option(1, "--dcp"), pcp: int = typer.Option(1, "--pcp"),
+        spec_tokens: int = typer.Option(0, "--spec-tokens", help="MTP draft tokens per step"),
+        spec_acceptance: float = typer.Option(0.0, "--spec-acceptance",
+                                              help="per-position draft acceptance rate"),
+        simulate_s: float = typer.Option(0.0, "--simulate-s", help="also run the discrete-event "
+                                         "oracle for this many simulated seconds"),
+        seed: int = typer.Option(0, "--seed"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    ):
+        """Closed-form serving of one replica: TTFT/TPOT percentiles, interactivity, TPGS."""
+        from model.serve.engine import serve
+        from model.serve.policy import EnginePolicy
+        from model.specs.workload import load_workload
+
+        w = load_workload(workload)
+        policy = EnginePolicy(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
+                              prefill_schedule_interval)
+        load = _load(concurrency, rate, interarrival_cv, gap_cap_s, w)
+        step = _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision, kv_dtype,
+                           spec_tokens, spec_acceptance)
+        tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
+        r = serve(step, w, policy, load, hit_rate=hit_rate,
+                  slo_p90_interactivity=slo_p90_interactivity, seed=seed,
+                  cache=False if infinite_cache else None, cache_policy=cache_policy,
+                  cache_tiers=tiers, prefetch_reload=prefetch_reload)
+        out = {"arch": arch, "hardware": hardware, "workload": w.name, "gpus": step.gpus,
+               "plan": step.plan.label(), **r.as_dict(),
+               "p90_interactivity_tok_s": r.interactivity_tok_s["p90"],
+               "p90_ttft_s": r.ttft_s["p90"]}
+        if simulate_s > 0:
+            from model.serve.simulate import simulate
+
+            sim = simulate(step, w, policy, load, duration_s=simulate_s, seed=seed,
+                           hit_rate=hit_rate if hit_rate is not None
+                           else (r.hit_rate if r.cache else None),
+                           dp_ranks=step.plan.dp)
+            out["simulated"] = sim.summary()
+        emit(out, as_json)

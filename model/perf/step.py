@@ -1,0 +1,511 @@
+"""Engine step latency of one replica for a batch composition.
+
+    step = sum over layers of kernel times (C's roofline functions, on one GPU's shard)
+         + collectives the plan adds (model.perf.parallel) + a fixed per-step engine overhead
+
+Conventions of `step_time_s(prefill_tokens, prefill_context, decode_seqs, decode_context)`:
+- counts are replica totals, spread evenly over the `dp` attention ranks (and prefill tokens over
+  `pcp` ranks); the MoE group sees all of them;
+- `prefill_context` is each prefilling sequence's length after the chunk (cached + new tokens);
+  causal masking inside the chunk is handled by the kernel model;
+- `decode_context` is the mean context of the decoding sequences;
+- with pp > 1 this is the time one batch takes through all stages (the pipeline latency).
+All arguments broadcast with numpy; the result is an array of seconds.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import cache, lru_cache
+
+import numpy as np
+
+from model.perf.ops import Step, grouped_layers, model_ops
+from model.perf.parallel import (
+    ParallelPlan,
+    decode_attention_split,
+    kv_shard,
+    layer_collectives,
+    linear_shard,
+    normalize_plan,
+    pipeline_collectives,
+    validate_plan,
+    weight_bytes_per_gpu,
+)
+from model.specs.defaults import GPU_MEMORY_UTILIZATION
+from model.specs.dtypes import dtype as lookup_dtype
+from model.specs.errors import Infeasible, ServecastError
+from model.specs.layers import Architecture, Layer
+from model.specs.precision import with_precision  # noqa: F401 - re-export
+
+BACKENDS = ("vllm", "sglang", "trtllm")
+ACTIVATION_RESERVE_BYTES = 4e9  # CUDA graphs, activations, workspace at 8K batched tokens (vLLM)
+EAGLE_DRAFT_VOCAB = 32000  # EAGLE-3 drafts predict over a reduced vocabulary (SpecForge default)
+
+
+# ---- kernel and collective time functions (engineer C), with physics fallbacks ---------------------
+def _kernels():
+    from model.perf import roofline
+
+    return roofline
+
+
+def collective_time_s(op: str, bytes_, gpus: int, hw, scope: str, algorithm: str | None = None):
+    """C's calibrated collective model when it exists; alpha-beta ring otherwise (theory §4.1)."""
+    try:
+        from model.perf.comm import collective_time_s as comm_time
+    except ImportError:
+        comm_time = None
+    if comm_time is not None:
+        return comm_time(op, bytes_, gpus, hw, scope, algorithm)
+    bytes_ = np.asarray(bytes_, float)
+    if gpus <= 1:
+        return 0.0 * bytes_
+    bw = (hw.scale_up_bandwidth_bytes_per_s if scope == "scale_up"
+          else hw.scale_out_bandwidth_bytes_per_s)
+    alpha = 5e-6 if scope == "scale_up" else 15e-6
+    factor = {"all_reduce": 2 * (gpus - 1) / gpus, "all_gather": (gpus - 1) / gpus,
+              "reduce_scatter": (gpus - 1) / gpus, "all_to_all": (gpus - 1) / gpus,
+              "p2p": 1.0}[op]
+    steps = {"all_reduce": 2 * (gpus - 1), "p2p": 1}.get(op, gpus - 1)
+    return alpha * min(steps, 2 * np.log2(gpus) + 1) + factor * bytes_ / (0.7 * bw)
+
+
+# ---- engine factors ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineFactors:
+    """Named empirical factors of an inference engine (fitted by model.fit.engine on the
+    end-to-end calibration runs; what each one absorbs is documented there)."""
+
+    step_overhead_s: float = 0.004  # scheduler + sampling + launch per engine step
+    prefill_scale: float = 1.0  # multiplies the non-expert kernel time of prefill steps
+    decode_scale: float = 1.0  # multiplies the non-expert kernel time of decode steps
+    moe_scale: float = 1.0  # routed-expert kernel time of decode tokens (routing, permute)
+    moe_prefill_scale: float = 1.0  # the same for prefill tokens (expert load imbalance)
+    request_overhead_s: float = 0.0  # fixed per-request time before the first token
+    first_token_steps: float = 0.0  # residual first-token path, in decode steps (engines send
+    # the first token at once; what the fit puts here is streaming/detokenize lag left over)
+    disagg_prefill_scale: float = 1.0  # prefill_scale of disaggregated prefill workers
+    disagg_decode_scale: float = 1.0  # decode step of disaggregated decode workers
+    disagg_request_overhead_s: float = 0.0  # request path router -> prefill -> decode worker
+    source: str = "default (unfitted)"
+
+
+_OVERRIDE: list[dict] = []  # stack of {backend: EngineFactors} used while fitting
+
+
+@contextmanager
+def override_factors(by_backend: dict):
+    """Use these engine factors (backend -> EngineFactors) inside the block (fitting, folds)."""
+    _OVERRIDE.append(by_backend)
+    try:
+        yield
+    finally:
+        _OVERRIDE.pop()
+
+
+def engine_factors(backend: str, system: str | None = None) -> EngineFactors:
+    if _OVERRIDE and backend in _OVERRIDE[-1]:
+        return _OVERRIDE[-1][backend]
+    return _stored_factors(backend, system)
+
+
+@cache
+def _stored_factors(backend: str, system: str | None = None) -> EngineFactors:
+    from model.fit.engine import load_factors
+
+    if backend not in BACKENDS:
+        raise ServecastError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    return load_factors(backend, system)
+
+
+# ---- precision: model.specs.precision (re-exported: callers import it from here) ----------------------
+
+
+# ---- the step model ------------------------------------------------------------------------------
+@dataclass(eq=False)  # compared and hashed by identity: tables are kept per step model
+class StepModel:
+    arch: Architecture
+    hw: object
+    plan: ParallelPlan
+    kv_dtype: str
+    backend: str = "vllm"
+    factors: EngineFactors = field(default_factory=EngineFactors)
+    spec_tokens: int = 0  # draft tokens per decode step (vLLM num_speculative_tokens)
+    spec_acceptance: float = 0.0  # per-position acceptance rate (when no acceptance length)
+    acceptance_length: float = 0.0  # measured mean tokens per verification step (1 + accepted)
+    spec_method: str = "mtp"  # mtp (checkpoint's MTP layer) | eagle3 | dspark (external draft)
+
+    def __post_init__(self):
+        self._groups = grouped_layers(self.arch.main_layers)
+        self._mtp_groups = grouped_layers(self.arch.mtp_layers)
+        mtp = self.spec_tokens > 0 and self.spec_method == "mtp" and bool(self.arch.mtp_layers)
+        self.weight_bytes_per_gpu = weight_bytes_per_gpu(self.arch, self.plan, with_mtp=mtp)
+        if self.spec_tokens > 0 and not mtp:  # an external draft model's layer and head
+            layer, rows = self.draft_layer
+            self.weight_bytes_per_gpu += sum(
+                lin.params * lookup_dtype(lin.dtype).bytes / linear_shard(lin, self.plan)
+                for lin in layer.attention.projections + layer.mlp.projections)
+            self.weight_bytes_per_gpu += (rows * self.arch.lm_head.in_features
+                                          * lookup_dtype(self.arch.lm_head.dtype).bytes
+                                          / self.plan.tp)
+        self._kv_b = lookup_dtype(self.kv_dtype).bytes
+
+    @property
+    def gpus(self) -> int:
+        return self.plan.gpus
+
+    @property
+    def tokens_per_decode_step(self) -> float:
+        """Expected tokens a sequence gains per decode step with speculative decoding."""
+        if self.spec_tokens and self.acceptance_length:
+            return float(min(self.acceptance_length, 1.0 + self.spec_tokens))
+        a, n = self.spec_acceptance, self.spec_tokens
+        return 1.0 + sum(a ** i for i in range(1, n + 1))
+
+    # -- per-op times on one GPU --------------------------------------------------------------
+    def _layer_times(self, layer, count, tag, pre, pctx, dec, q, dctx, pseqs, pranks=None):
+        """(name, kind, count, seconds) of one layer group on the busiest GPU: `pre` prefill
+        tokens of `pseqs` sequences at `pctx` spread over `pranks` of the dp ranks (default all),
+        `dec` decoding sequences pushing `q` tokens each at `dctx` spread over all dp ranks
+        (replica totals). The expert group sees every rank's tokens; lock-stepped ranks wait for
+        the busiest, so that rank's attention, dense GEMMs and sends set the step."""
+        k = _kernels()
+        p, hw, arch = self.plan, self.hw, self.arch
+        pranks = p.dp if pranks is None else pranks
+        dec_tok = dec * q
+        pre_r = pre / (pranks * p.pcp)
+        dec_r = dec / p.dp
+        tok_r = pre_r + dec_tok / p.dp
+        pseqs_r = np.maximum(pseqs / pranks, np.where(pre_r > 0, 1.0, 0.0))
+        new_per_seq = np.where(pseqs_r > 0, pre_r / np.maximum(pseqs_r, 1e-9), 0.0)
+        has_pre = pre_r > 0
+        has_dec = dec_r > 0
+        out = []
+        att = layer.attention
+        lins = att.projections + layer.mlp.projections
+        times = k.gemm_times_s(tok_r, [(lin.out_features * lin.count / linear_shard(lin, p),
+                                        lin.in_features, lin.dtype) for lin in lins], hw)
+        times = np.where(tok_r > 0, times, 0.0)
+        out += [(f"{tag}:{lin.name}", "gemm", count, t) for lin, t in zip(lins, times, strict=True)]
+        heads_split, ctx_split = decode_attention_split(att, p)
+        if np.any(has_pre):
+            t = k.attention_time_s(att.kind, "prefill", pseqs_r, new_per_seq,
+                                   np.maximum(pctx, new_per_seq), att, self.kv_dtype, hw, p.tp)
+            out.append((f"{tag}:attn_prefill", "attention", count, np.where(has_pre, t, 0.0)))
+        if np.any(has_dec):
+            t = k.attention_time_s(att.kind, "decode", dec_r, q, np.maximum(dctx, 1.0) / ctx_split,
+                                   att, self.kv_dtype, hw, heads_split)
+            out.append((f"{tag}:attn_decode", "attention", count, np.where(has_dec, t, 0.0)))
+        ex = layer.mlp.experts
+        if ex is not None:
+            tokens_group = (pre + dec_tok) if p.dp > 1 or p.ep > 1 else tok_r
+            t = k.moe_time_s(tokens_group, ex.hidden_size, ex.intermediate_size, ex.top_k,
+                             ex.num_experts / p.ep, p.moe_tp, p.ep, ex.dtype, hw)
+            out.append((f"{tag}:experts", "moe", count, np.where(tokens_group > 0, t, 0.0)))
+        width = arch.hidden_size * arch.hyper_connections
+        norm_bytes = 2 * 2 * 2.0 * tok_r * width / (p.tp if p.sp else 1)
+        out.append((f"{tag}:norms", "memory", count, k.memory_time_s(norm_bytes, hw)))
+        for c in layer_collectives(layer, count, p, hw, arch.hidden_size, pre, dec_tok,
+                                   prefill_ranks=pranks, prefill_context=pctx,
+                                   prefill_seqs=pseqs):
+            t = collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope, c.algorithm)
+            if c.skip_empty:
+                t = np.where(np.asarray(c.bytes) > 0, t, 0.0)
+            out.append((f"{tag}:{c.name}", "network", c.count, t))
+        return out
+
+    def _op_times(self, pre, pctx, dec, dctx, pseqs, pranks=None):
+        """List of (name, kind, count, seconds-array) for the busiest GPU over all layers."""
+        k = _kernels()
+        p, hw, arch = self.plan, self.hw, self.arch
+        pranks = p.dp if pranks is None else pranks
+        q = 1.0 + self.spec_tokens  # tokens each decode sequence pushes through the model
+        out = []
+        for layer, count in self._groups:
+            out += self._layer_times(layer, count, f"{layer.attention.kind}/{layer.mlp.kind}",
+                                     pre, pctx, dec, q, dctx, pseqs, pranks)
+        pre_r = pre / (pranks * p.pcp)
+        dec_r = dec / p.dp
+        has_pre = pre_r > 0
+        pseqs_r = np.maximum(pseqs / pranks, np.where(has_pre, 1.0, 0.0))
+        logits_r = dec_r + pseqs_r * has_pre
+        t = k.gemm_time_s(logits_r * q, arch.lm_head.out_features / p.tp,
+                          arch.lm_head.in_features, arch.lm_head.dtype, hw)
+        out.append(("lm_head", "gemm", 1, t))
+        emb = k.memory_time_s((pre_r + dec * q / p.dp) * arch.hidden_size * 2 * 2.0, hw)
+        out.append(("embedding", "memory", 1, emb))
+        if self.spec_tokens:
+            out += self._draft_times(dec, dctx)
+        for c in pipeline_collectives(p, hw, arch.hidden_size, pre_r * p.pcp * p.dp, dec * q):
+            out.append((c.name, "network", c.count,
+                        collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope, c.algorithm)))
+        return out
+
+    def _draft_times(self, dec, dctx):
+        """The drafter's `spec_tokens` sequential passes, one token per decoding sequence each:
+        the checkpoint's MTP layer (method mtp), else an EAGLE-3-style draft (one decoder layer
+        shaped like the target's first layer, routed experts excluded, and a reduced-vocabulary
+        head; EAGLE-3 paper, Li et al. 2025; SpecForge default draft_vocab_size 32000)."""
+        k = _kernels()
+        p, arch = self.plan, self.arch
+        layer, head_rows = self.draft_layer
+        out = [(f"draft:{n.split(':', 1)[1]}", kind, c * self.spec_tokens, t)
+               for n, kind, c, t in self._layer_times(layer, 1, "draft", 0.0 * dec, 0.0 * dec,
+                                                      dec, 1.0, dctx, 0.0 * dec)]
+        t = k.gemm_time_s(dec / p.dp, head_rows / p.tp, arch.lm_head.in_features,
+                          arch.lm_head.dtype, self.hw)
+        out.append(("draft:lm_head", "gemm", self.spec_tokens, np.where(dec > 0, t, 0.0)))
+        return out
+
+    @property
+    def draft_layer(self) -> tuple[Layer, int]:
+        """(layer the drafter runs per pass, rows of its vocabulary head)."""
+        if self.spec_method == "mtp" and self.arch.mtp_layers:
+            return self.arch.mtp_layers[0], self.arch.lm_head.out_features
+        first = self.arch.main_layers[0]
+        dense = replace(first.mlp, experts=None)
+        return (replace(first, mlp=dense),
+                min(self.arch.lm_head.out_features, EAGLE_DRAFT_VOCAB))
+
+    def _combine(self, times, pre, dec):
+        """Engine step = (kernels + scaled routed experts) x phase scale + network + overhead,
+        the phase factors weighted by the step's prefill share of tokens (as model.serve.closed_loop
+        combines the same factors for the pure steps it was fitted on)."""
+        f = self.factors
+        pre_share = pre / np.maximum(pre + dec * (1 + self.spec_tokens), 1e-9)
+        scale = f.prefill_scale * pre_share + f.decode_scale * (1 - pre_share)
+        moe = f.moe_prefill_scale * pre_share + f.moe_scale * (1 - pre_share)
+        kernel = sum(np.asarray(t) * c * (moe if kind == "moe" else 1.0)
+                     for _, kind, c, t in times if kind != "network")
+        network = sum((np.asarray(t) * c for _, kind, c, t in times if kind == "network"),
+                      0.0 * pre)
+        overhead = f.step_overhead_s
+        return kernel * scale + network + overhead, kernel * scale, network, overhead
+
+    def _args(self, prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs):
+        arrs = np.broadcast_arrays(*(np.asarray(a, float) for a in (
+            prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs)))
+        return arrs
+
+    def _pranks(self, prefill_ranks):
+        """DP ranks the prefill tokens are spread over: None = all; 1 = one rank carries them."""
+        if prefill_ranks is None:
+            return None
+        return np.clip(np.asarray(prefill_ranks, float), 1.0, float(self.plan.dp))
+
+    def step_parts(self, prefill_tokens=0.0, prefill_context=0.0, decode_seqs=0.0,
+                   decode_context=0.0, prefill_seqs=1.0, prefill_ranks=None):
+        """(non-MoE kernel s, network s, routed-expert kernel s) of a step, before engine factors
+        (what `model.serve.estimate` components and the engine fit are made of)."""
+        pre, pctx, dec, dctx, pseqs = self._args(prefill_tokens, prefill_context, decode_seqs,
+                                                 decode_context, prefill_seqs)
+        times = self._op_times(pre, pctx, dec, dctx, pseqs, self._pranks(prefill_ranks))
+        kernel = sum(np.asarray(t) * c for _, kind, c, t in times
+                     if kind not in ("network", "moe"))
+        moe = sum((np.asarray(t) * c for _, kind, c, t in times if kind == "moe"), 0.0 * pre)
+        network = sum((np.asarray(t) * c for _, kind, c, t in times if kind == "network"),
+                      0.0 * pre)
+        busy = (pre > 0) | (dec > 0)
+        return (np.where(busy, kernel, 0.0), np.where(busy, network, 0.0),
+                np.where(busy, moe, 0.0))
+
+    def step_time_s(self, prefill_tokens=0.0, prefill_context=0.0, decode_seqs=0.0,
+                    decode_context=0.0, prefill_seqs=1.0, prefill_ranks=None):
+        """Seconds of one engine step (see the module docstring); `prefill_ranks`: how many of
+        the dp ranks carry the prefill tokens (None: all, evenly; 1: a single rank, the others
+        decode and wait for it in lock-step)."""
+        pre, pctx, dec, dctx, pseqs = self._args(prefill_tokens, prefill_context, decode_seqs,
+                                                 decode_context, prefill_seqs)
+        times = self._op_times(pre, pctx, dec, dctx, pseqs, self._pranks(prefill_ranks))
+        total, *_ = self._combine(times, pre, dec)
+        return np.where((pre > 0) | (dec > 0), total, 0.0)
+
+    def breakdown(self, prefill_tokens=0.0, prefill_context=0.0, decode_seqs=0.0,
+                  decode_context=0.0, prefill_seqs=1.0) -> dict:
+        """Per-op table for one scalar step, its FLOPs / bytes per GPU and the bottleneck label."""
+        pre, pctx, dec, dctx, pseqs = (float(np.asarray(a).ravel()[0]) for a in self._args(
+            prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs))
+        times = self._op_times(*(np.asarray(v) for v in (pre, pctx, dec, dctx, pseqs)))
+        total, kernel, network, overhead = self._combine(times, np.asarray(pre), np.asarray(dec))
+        rows = [{"op": n, "kind": kind, "count": c, "time_s": float(np.asarray(t)) * c}
+                for n, kind, c, t in times]
+        merged: dict[str, dict] = {}
+        for r in rows:
+            m = merged.setdefault(r["op"], {**r, "time_s": 0.0})
+            m["time_s"] += r["time_s"]
+        counts = self.counts_per_gpu(pre, pctx, dec, dctx, pseqs)
+        bound = self._bound_shares(times, counts)
+        bound["network"] = float(network)
+        bound["overhead"] = float(overhead)
+        label = max(bound, key=bound.get)
+        return {"step_time_s": float(total), "ops": sorted(merged.values(),
+                key=lambda r: -r["time_s"]), "time_by_bound_s": bound, "bottleneck": label,
+                **counts}
+
+    def op_table(self, prefill_tokens=0.0, prefill_context=0.0, decode_seqs=0.0,
+                 decode_context=0.0, prefill_seqs=1.0):
+        """One row per op on one GPU: FLOPs, HBM bytes (model.perf.ops counts, sharded by the plan),
+        modeled time and attained FLOP/s: the points of a roofline chart."""
+        import pandas as pd
+
+        p = self.plan
+        pre, pctx, dec, dctx, pseqs = (float(np.asarray(a).ravel()[0]) for a in self._args(
+            prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs))
+        times = {n: float(np.asarray(t)) for n, _, _, t in self._op_times(
+            *(np.asarray(v) for v in (pre, pctx, dec, dctx, pseqs)))}
+        ops = model_ops(self.arch, Step(pre, pctx, dec * (1 + self.spec_tokens), dctx, pseqs),
+                        self.kv_dtype)
+        rows = []
+        for o in ops:
+            tokens_split = p.dp * p.pcp
+            if o.kind == "moe":
+                flops_div = weight_div = p.moe_tp * p.ep
+            elif o.kind == "linear" and "linear" in o.shape:
+                flops_div = tokens_split * linear_shard(o.shape["linear"], p)
+                weight_div = linear_shard(o.shape["linear"], p)
+            else:
+                flops_div = p.attention_gpus
+                weight_div = p.tp
+            kv_div = p.attention_gpus
+            if "attention" in o.shape:
+                kv_div = kv_div / (p.tp / kv_shard(o.shape["attention"], p))
+            flops = float(np.asarray(o.flops)) / flops_div
+            by = (float(np.asarray(o.weight_bytes)) / weight_div
+                  + float(np.asarray(o.kv_read_bytes + o.kv_write_bytes)) / kv_div
+                  + float(np.asarray(o.act_bytes)) / flops_div)
+            t = times.get(o.name)
+            if flops <= 0 or by <= 0 or not t:
+                continue
+            rows.append({"op": o.name, "kind": o.kind, "layers": o.count, "flops": flops,
+                         "bytes": by, "time_s": t, "intensity_flop_per_byte": flops / by,
+                         "attained_flop_per_s": flops / t})
+        return pd.DataFrame(rows)
+
+    def _bound_shares(self, times, counts) -> dict:
+        """Kernel time split into compute-bound and HBM-bound by each op's own roofline."""
+        hw = self.hw
+        peak = _kernels().compute_rate(self.arch.weight_dtype, hw)[1]
+        bw = hw.hbm_bandwidth_bytes_per_s
+        shares = {"compute": 0.0, "hbm": 0.0}
+        ridge = peak / bw
+        for name, kind, c, t in times:
+            if kind == "network":
+                continue
+            t = float(np.asarray(t)) * c
+            intensity = counts["op_intensity"].get(name)
+            if kind in ("memory",) or (intensity is not None and intensity < ridge) or kind == "attention" and "decode" in name:
+                shares["hbm"] += t
+            else:
+                shares["compute"] += t
+        return shares
+
+    def counts_per_gpu(self, pre, pctx, dec, dctx, pseqs) -> dict:
+        """FLOPs and HBM bytes per GPU from the closed-form op counts (model.perf.ops)."""
+        p = self.plan
+        step = Step(pre, pctx, dec * (1 + self.spec_tokens), dctx, pseqs)
+        ops = model_ops(self.arch, step, self.kv_dtype)
+        g = p.attention_gpus
+        flops = sum(float(np.asarray(o.flops)) * o.count for o in ops) / g
+        kv = sum(float(np.asarray(o.kv_read_bytes + o.kv_write_bytes)) * o.count for o in ops)
+        dup = np.mean([p.tp / kv_shard(ly.attention, p) for ly in self.arch.main_layers])
+        kv_gpu = kv * dup / g
+        act = sum(float(np.asarray(o.act_bytes)) * o.count for o in ops) / g
+        intensity = {}
+        for o in ops:
+            by = float(np.asarray(o.hbm_bytes))
+            intensity[o.name] = float(np.asarray(o.flops)) / by if by > 0 else None
+        return {"flops_per_gpu": flops, "weight_bytes_read_per_gpu": self._weights_read(pre, dec),
+                "kv_bytes_per_gpu": kv_gpu, "activation_bytes_per_gpu": act,
+                "op_intensity": intensity}
+
+    def _weights_read(self, pre, dec) -> float:
+        ops = model_ops(self.arch, Step(pre, 0.0, dec, 0.0, 1.0), self.kv_dtype)
+        dense = sum(float(np.asarray(o.weight_bytes)) * o.count for o in ops if o.kind != "moe")
+        moe = sum(float(np.asarray(o.weight_bytes)) * o.count for o in ops if o.kind == "moe")
+        return dense / self.plan.tp / self.plan.pp + moe / (self.plan.moe_tp * self.plan.ep) \
+            / self.plan.pp
+
+    # -- memory ---------------------------------------------------------------------------------
+    def kv_bytes_per_seq_per_gpu(self, context) -> np.ndarray:
+        """KV one sequence stores on each GPU that holds it, at `context` tokens."""
+        from model.perf.ops import attended_entries, entry_elements, indexer_units
+
+        ctx = np.asarray(context, float)
+        total = 0.0 * ctx
+        for layer, count in self._groups:
+            att = layer.attention
+            if att.kind == "linear":
+                per = (att.state_elements * 4.0 + att.conv_elements * 2.0) / kv_shard(att, self.plan)
+            else:
+                entries = ctx if att.kind in ("gqa", "mla", "dsa", "msa") else \
+                    attended_entries(att, ctx) if att.kind == "swa" else \
+                    ctx / float(att.compress_ratio or 1) + (np.minimum(ctx, att.window)
+                                                             if att.window else 0.0)
+                per = entries * entry_elements(att) * self._kv_b
+                if att.indexer is not None:
+                    per = per + indexer_units(att, ctx) * att.indexer.head_dim * \
+                        lookup_dtype(att.indexer.cache_dtype).bytes
+                per = per / kv_shard(att, self.plan)
+            total = total + per * count
+        return total / self.plan.pp
+
+    @property
+    def kv_pool_bytes_per_gpu(self) -> float:
+        """vLLM caps all memory at 90% of HBM; TensorRT-LLM and SGLang give 90% of what is left
+        after weights and activations to the KV cache (their default fractions)."""
+        free = self.hw.hbm_bytes - self.weight_bytes_per_gpu - ACTIVATION_RESERVE_BYTES
+        if self.backend == "vllm":
+            return free - (1 - GPU_MEMORY_UTILIZATION) * self.hw.hbm_bytes
+        return GPU_MEMORY_UTILIZATION * free
+
+    def kv_capacity_tokens(self, context) -> np.ndarray:
+        """Tokens of KV the replica's pool holds when sequences are `context` long."""
+        ctx = np.maximum(np.asarray(context, float), 1.0)
+        pool = max(self.kv_pool_bytes_per_gpu, 0.0)
+        seqs_per_rank = pool / np.maximum(self.kv_bytes_per_seq_per_gpu(ctx), 1e-9)
+        return seqs_per_rank * ctx * self.plan.dp
+
+    def memory_bytes_per_gpu(self, seqs, context) -> np.ndarray:
+        """Weights + activation reserve + KV of `seqs` sequences (replica total) at `context`."""
+        per_rank = np.asarray(seqs, float) / self.plan.dp
+        return (self.weight_bytes_per_gpu + ACTIVATION_RESERVE_BYTES
+                + per_rank * self.kv_bytes_per_seq_per_gpu(context))
+
+
+def build_step_model(*args, **kwargs) -> StepModel:
+    """Validate the plan and build the step model (memoized: same inputs, same object)."""
+    key = (args, tuple(sorted(kwargs.items())), _OVERRIDE[-1].get(kwargs.get("backend", "vllm"))
+           if _OVERRIDE else None)
+    try:
+        return _build_cached(key)
+    except TypeError:  # unhashable test double
+        return _build(*args, **kwargs)
+
+
+@lru_cache(maxsize=256)
+def _build_cached(key) -> StepModel:
+    args, kwargs, _ = key
+    return _build(*args, **dict(kwargs))
+
+
+def _build(arch: Architecture, hw, plan: ParallelPlan, precision: str | None = None,
+                     kv_dtype: str | None = None, backend: str = "vllm", spec_tokens: int = 0,
+                     spec_acceptance: float = 0.0, factors: EngineFactors | None = None,
+                     check_fit: bool = True, moe_precision: str | None = None,
+                     cross_domain_tp: bool = False, acceptance_length: float = 0.0,
+                     spec_method: str = "mtp") -> StepModel:
+    """Raises Infeasible if the plan breaks a rule or the weights do not fit."""
+    arch = with_precision(arch, precision, moe_precision)
+    plan = normalize_plan(arch, plan)
+    validate_plan(arch, hw, plan, cross_domain_tp)
+    system = getattr(hw, "name", None)
+    model = StepModel(arch, hw, plan, kv_dtype or arch.default_kv_dtype, backend,
+                      factors or engine_factors(backend, system), spec_tokens, spec_acceptance,
+                      acceptance_length, spec_method)
+    if check_fit and model.kv_pool_bytes_per_gpu <= 0:
+        raise Infeasible(f"{arch.name} weights need {model.weight_bytes_per_gpu / 1e9:.1f} GB per "
+                         f"GPU under {plan.label()}: with activations that leaves no KV cache in "
+                         f"{hw.hbm_bytes / 1e9:.0f} GB HBM on {getattr(hw, 'name', 'the chip')}")
+    return model

@@ -1,0 +1,192 @@
+"""Launch commands that realize a deployment: `vllm serve` and SGLang `launch_server` lines.
+
+vLLM flags (engine args, vLLM >= 0.11 docs): `--tensor-parallel-size`, `--pipeline-parallel-size`,
+`--data-parallel-size`, `--enable-expert-parallel` (experts over EP = TP x DP), DCP
+`--decode-context-parallel-size`, PCP `--prefill-context-parallel-size`, chunking
+`--max-num-batched-tokens`, `--max-num-seqs`, `--long-prefill-token-threshold`, the AgentX
+`--prefill-schedule-interval`, and P/D via `--kv-transfer-config` (NixlConnector / MooncakeConnector,
+roles kv_producer / kv_consumer). SGLang: `--tp-size`, `--dp-size --enable-dp-attention`,
+`--ep-size`, `--pp-size`, `--chunked-prefill-size`, `--disaggregation-mode prefill|decode` with
+`--disaggregation-transfer-backend`. The serving format (`ServingFormat`, from the family's
+recipe in data/deployments/) adds the checkpoint, `--kv-cache-dtype`, the index-key cache and
+`--speculative-config` (SGLang: `--kv-cache-dtype fp8_e4m3`, `--speculative-algorithm`). Flags a
+backend lacks are reported as notes, never invented.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from model.plan.disagg import Deployment, PhaseConfig
+
+HF_IDS_FALLBACK = {  # used only when the architecture cannot be loaded
+    "deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro",
+    "kimi-k3": "moonshotai/Kimi-K3",
+    "minimax-m3": "MiniMaxAI/MiniMax-M3",
+}
+
+
+def _model_id(arch: str) -> str:
+    try:
+        from model.specs.architecture import load_architecture
+
+        return load_architecture(arch).hf_id or arch
+    except Exception:  # launch lines must render even for an ad-hoc config path
+        return HF_IDS_FALLBACK.get(arch, arch)
+
+
+@dataclass(frozen=True)
+class ServingFormat:
+    """What the engine serves: checkpoint (None: the architecture's own), KV-cache and index-key
+    cache dtypes, speculative decoding (method, draft tokens, external draft checkpoint)."""
+
+    checkpoint: str | None = None
+    kv_dtype: str | None = None
+    indexer_kv_dtype: str | None = None
+    spec_method: str = "none"
+    spec_tokens: int = 0
+    draft_model: str | None = None
+    extra_vllm: tuple[str, ...] = ()  # the recipe's further flags (data/deployments/)
+
+    def vllm_flags(self) -> list[str]:
+        flags = list(self.extra_vllm)
+        if self.kv_dtype and self.kv_dtype not in ("bf16", "auto"):
+            flags += ["--kv-cache-dtype", self.kv_dtype]
+        if self.indexer_kv_dtype:  # InferenceX MiniMax M3 B300 recipe: attention-config
+            flags += ["--attention-config",
+                      json.dumps({"indexer_kv_dtype": self.indexer_kv_dtype},
+                                 separators=(",", ":"))]
+        if self.spec_tokens:
+            cfg = {"method": self.spec_method, "num_speculative_tokens": self.spec_tokens}
+            if self.draft_model:
+                cfg["model"] = self.draft_model
+            flags += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
+        return flags
+
+    def sglang_flags(self) -> tuple[list[str], list[str]]:
+        flags, notes = [], []
+        if self.kv_dtype == "fp8":
+            flags += ["--kv-cache-dtype", "fp8_e4m3"]
+        if self.spec_tokens:
+            algo = {"eagle3": "EAGLE3", "mtp": "NEXTN"}.get(self.spec_method)
+            if algo is None:
+                notes.append(f"speculative method {self.spec_method} has no SGLang equivalent "
+                             "here; not expressed")
+            else:
+                flags += ["--speculative-algorithm", algo, "--speculative-num-steps",
+                          str(self.spec_tokens), "--speculative-eagle-topk", "1",
+                          "--speculative-num-draft-tokens", str(self.spec_tokens + 1)]
+                if self.draft_model:
+                    flags += ["--speculative-draft-model-path", self.draft_model]
+        if self.indexer_kv_dtype:
+            notes.append(f"index-key cache {self.indexer_kv_dtype}: no SGLang flag; not "
+                         "expressed")
+        return flags, notes
+
+
+def _format(dep: Deployment) -> ServingFormat:
+    return dep.serving or ServingFormat()
+
+
+def _checkpoint(dep: Deployment) -> str:
+    return _format(dep).checkpoint or _model_id(dep.arch)
+
+
+def _join(parts: list[str]) -> str:
+    return " ".join(shlex.quote(p) if i else p for i, p in enumerate(parts))
+
+
+def vllm_parallel_flags(phase: PhaseConfig) -> list[str]:
+    p = phase.plan
+    flags = ["--tensor-parallel-size", str(p.tp)]
+    if p.pp > 1:
+        flags += ["--pipeline-parallel-size", str(p.pp)]
+    if p.dp > 1:
+        flags += ["--data-parallel-size", str(p.dp)]
+    if p.ep > 1:
+        flags += ["--enable-expert-parallel"]
+    if p.dcp > 1:
+        flags += ["--decode-context-parallel-size", str(p.dcp)]
+    if p.pcp > 1:
+        flags += ["--prefill-context-parallel-size", str(p.pcp)]
+    if p.sp:
+        flags += ["--compilation-config", json.dumps({"pass_config": {"enable_sp": True}})]
+    return flags
+
+
+def _vllm_engine_flags(dep: Deployment, role: str) -> list[str]:
+    flags = ["--max-num-batched-tokens", str(dep.max_num_batched_tokens),
+             "--max-num-seqs", str(dep.max_num_seqs), "--enable-prefix-caching",
+             *_format(dep).vllm_flags()]
+    if role != "decode" and dep.long_prefill_token_threshold > 0:
+        flags += ["--long-prefill-token-threshold", str(dep.long_prefill_token_threshold)]
+    if role == "mixed" and dep.prefill_schedule_interval > 1:
+        flags += ["--prefill-schedule-interval", str(dep.prefill_schedule_interval)]
+    return flags
+
+
+def vllm_commands(dep: Deployment) -> list[str]:
+    model = _checkpoint(dep)
+    if dep.mode == "aggregated":
+        r = dep.replica
+        cmd = ["vllm", "serve", model, *vllm_parallel_flags(r), *_vllm_engine_flags(dep, "mixed")]
+        line = _join(cmd)
+        return [f"# {r.instances} replica(s) on {r.hardware}, {r.plan.gpus} GPU(s) each; "
+                "route sessions stickily (same session -> same replica)", line]
+    out = []
+    for role, phase, kv_role in (("prefill", dep.prefill, "kv_producer"),
+                                 ("decode", dep.decode, "kv_consumer")):
+        cfg = json.dumps({"kv_connector": dep.kv_connector, "kv_role": kv_role},
+                         separators=(",", ":"))
+        cmd = ["vllm", "serve", model, *vllm_parallel_flags(phase),
+               *_vllm_engine_flags(dep, role), "--kv-transfer-config", cfg]
+        out.append(f"# {role}: {phase.instances} instance(s) on {phase.hardware}, "
+                   f"{phase.plan.gpus} GPU(s) each")
+        out.append(_join(cmd))
+    out.append("# put a P/D proxy (vLLM disagg proxy / llm-d router) in front, sticky by session")
+    return out
+
+
+def sglang_flags(phase: PhaseConfig) -> tuple[list[str], list[str]]:
+    p = phase.plan
+    flags = ["--tp-size", str(p.tp * p.dp)]  # SGLang's tp spans the attention-DP ranks too
+    notes = []
+    if p.dp > 1:
+        flags += ["--dp-size", str(p.dp), "--enable-dp-attention"]
+    if p.ep > 1:
+        flags += ["--ep-size", str(p.ep)]
+    if p.pp > 1:
+        flags += ["--pp-size", str(p.pp)]
+    if p.dcp > 1:
+        notes.append(f"SGLang has no decode context parallel flag; dcp={p.dcp} not expressed")
+    if p.pcp > 1:
+        notes.append(f"prefill context parallel pcp={p.pcp}: SGLang's context-parallel prefill "
+                     "is model-specific; not expressed")
+    return flags, notes
+
+
+def sglang_commands(dep: Deployment) -> list[str]:
+    model = _checkpoint(dep)
+    base = ["python", "-m", "sglang.launch_server", "--model-path", model]
+    fmt_flags, fmt_notes = _format(dep).sglang_flags()
+    chunk = ["--chunked-prefill-size", str(dep.long_prefill_token_threshold
+                                           or dep.max_num_batched_tokens),
+             "--max-running-requests", str(dep.max_num_seqs)]
+    phases = ([("mixed", dep.replica)] if dep.mode == "aggregated"
+              else [("prefill", dep.prefill), ("decode", dep.decode)])
+    out = []
+    for role, phase in phases:
+        flags, notes = sglang_flags(phase)
+        extra = [] if role == "mixed" else ["--disaggregation-mode", role,
+                                            "--disaggregation-transfer-backend", "mooncake"]
+        out += [f"# note: {n}" for n in notes + fmt_notes]
+        out.append(f"# {role}: {phase.instances} instance(s) on {phase.hardware}")
+        out.append(_join([*base, *flags, *fmt_flags, *chunk, *extra]))
+    return out
+
+
+def launch_commands(dep: Deployment) -> dict[str, list[str]]:
+    """Both engines' command lines for `dep` (comments start with '#')."""
+    return {"vllm": vllm_commands(dep), "sglang": sglang_commands(dep)}

@@ -1,0 +1,550 @@
+"""Deployment search: evaluate thousands of candidate deployments in closed form, vectorized, and
+keep the Pareto front of throughput (TPGS) vs P90 interactivity.
+
+Each candidate is a parallel plan per phase, an instance count (aggregated replicas, or x prefill
++ y decode workers), engine knobs and a client concurrency (closed-loop AgentX lanes). Per plan
+the step model is evaluated once on a grid of batch compositions (`StepTable`); every candidate is
+then a few numpy operations on that table (`make bench`: the default scenario's ~169K candidates
+in about 1.9 s once the tables are built, on 2 cores).
+
+Serving model of an aggregated replica (closed loop, research/theory.md §6, §10, workloads.md §1.5):
+- `C` lanes per replica cycle through turns: queue + TTFT + O decode steps + think gap Z;
+- in steady state a step carries `B = r*O*T` decodes and `r*U*T` prefill tokens on average
+  (turn rate r, mean uncached tokens U, mean output O, mean step time T), solved by fixed point;
+- prefill arrives in chunks of at most `long_prefill_token_threshold` tokens per request (else the
+  whole remaining budget); per DP rank the chunks of a step are Poisson, and a DEP step waits for
+  its slowest rank (theory.md §4.3): this is how head-of-line blocking costs interactivity, and why
+  the threshold and `prefill_schedule_interval` help;
+- request rate is capped by the step token budget (prefill-bound) and by KV capacity for the
+  decoding batch; sessions not resident in HBM reload their KV from the host tier (offload);
+- P90 interactivity = decode tokens per step / (mean step + z90 * sd of the step mean over the
+  shortest decodes); P90 TTFT = the P90 request's prefill steps (+ reload) + queueing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.optimize.elementwise import find_root
+
+from model.perf.step_table import StepTable
+from model.plan.disagg import kv_transfer_time_s, prefill_saturation_rps
+from model.serve.queueing import pk_wait_s
+from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, SYSTEM_IDLE_CAP_S, TURN_GAP_CAP_S
+from model.specs.errors import ServecastError
+from model.specs.idle_cap import SystemIdleCap
+
+Z90 = 1.2816  # standard normal 90th percentile
+QUANTILE_SAMPLE = 4096  # order statistics of the request mix kept for the FCFS P90
+ROOT_LOG_TOL = 1e-8  # decode batch's root in log b: 1e-8 relative (30 bisections reached 1.3e-8)
+POISSON_MAX = 16  # chunks per rank per step considered (tail mass folded into the last bin)
+
+
+# ---------------------------------------------------------------- traffic moments
+
+@dataclass(frozen=True)
+class Traffic:
+    """The request-level moments the closed form needs, from a workload's request mix."""
+
+    name: str
+    context_mean: float  # input tokens per request (cached + new), request-weighted mean
+    uncached_mean: float
+    uncached_p90: float
+    output_mean: float
+    output_p10: float
+    gap_mean_s: float  # think/tool gap before a turn, capped as the replay caps it
+    hit_rate: float  # token-weighted
+    uncached_sample: np.ndarray = field(repr=False, compare=False, default=None)
+    gap_sample: np.ndarray = field(repr=False, compare=False, default=None)  # capped gaps
+
+    @functools.cached_property
+    def _idle_cap(self) -> SystemIdleCap:
+        if self.gap_sample is None:  # moments only: the plain mean
+            return SystemIdleCap([self.gap_mean_s], None)
+        return SystemIdleCap(self.gap_sample, SYSTEM_IDLE_CAP_S)
+
+    def idle_gap(self, lanes):
+        """`active_s -> mean gap per turn` with `lanes` sessions in the system under the AgentX
+        system idle cap (model.specs.idle_cap); the plain mean without a gap sample."""
+        return self._idle_cap.at(lanes)
+
+    def chunks(self, cap) -> np.ndarray:
+        """Mean prefill steps per request, E[ceil(U / cap)], when a request takes at most `cap`
+        tokens per step (exact over the sample; few distinct caps occur in a search)."""
+        cap = np.asarray(cap, float)
+        values, inverse = np.unique(cap, return_inverse=True)
+        means = np.array([np.ceil(self.uncached_sample / v).mean() for v in values])
+        return means[inverse].reshape(cap.shape)
+
+    def chunks_squared(self, cap) -> np.ndarray:
+        """E[ceil(U / cap)^2]: the second moment of a request's prefill steps."""
+        cap = np.asarray(cap, float)
+        values, inverse = np.unique(cap, return_inverse=True)
+        means = np.array([(np.ceil(self.uncached_sample / v) ** 2).mean() for v in values])
+        return means[inverse].reshape(cap.shape)
+
+    def fcfs_p90_chunks(self, cap, utilization, extra=0.0, iterations: int = 20) -> np.ndarray:
+        """P90 of a prompt's prefill steps including its FCFS wait, in steps: with probability
+        1 - rho the server is free and it takes its own C = ceil(U / cap) + extra steps; with
+        probability rho it first waits out the residual R of the prompt in service (length-
+        biased: P(R > r) = E[(C - r)+] / E[C]) and then takes its mean E[C]. Cold prefills are
+        rare but long, so this P90 sits far below the Pollaczek-Khinchine mean wait added to the
+        P90 own time. Solves (1 - rho) P(C > t) + rho P(R > t - E[C]) = 0.1 by bisection
+        between quantile bounds of the two terms (`_fcfs_p90`)."""
+        cap, rho, extra = np.broadcast_arrays(*(np.asarray(a, float)
+                                                for a in (cap, utilization, extra)))
+        out = np.zeros(cap.shape)
+        for v in np.unique(cap):
+            sel = cap == v
+            out[sel] = _fcfs_p90(self._chunk_mix(float(v)), rho[sel], extra[sel], iterations)
+        return out
+
+    @functools.cached_property
+    def _chunk_mixes(self) -> dict:
+        return {}
+
+    def _chunk_mix(self, cap: float) -> _ChunkMix:
+        """The sample's chunk counts at `cap` tokens per step, kept per cap (a search asks for
+        the same few caps in every pass)."""
+        if cap not in self._chunk_mixes:
+            c = np.sort(np.ceil(self.uncached_sample / cap))
+            if len(c) > QUANTILE_SAMPLE:  # equally spaced order statistics: ample for a P90
+                c = c[np.linspace(0, len(c) - 1, QUANTILE_SAMPLE).astype(int)]
+            self._chunk_mixes[cap] = _ChunkMix(c)
+        return self._chunk_mixes[cap]
+
+    def chunk_size(self, cap) -> np.ndarray:
+        """Mean tokens in one prefill chunk under a per-step cap."""
+        return self.uncached_mean / self.chunks(cap)
+
+
+class _ChunkMix:
+    """A sorted sample of prompt chunk counts C: its quantiles and its residual excess
+    g(a) = E[(C - a)+], piecewise linear between the sample's values (exact by interp)."""
+
+    def __init__(self, c: np.ndarray):
+        self.c, self.mean = c, float(c.mean())
+        self.grid = np.concatenate([[0.0], np.unique(c)])
+        idx = np.searchsorted(c, self.grid, side="right")
+        suffix = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])
+        self.excess = (suffix[idx] - self.grid * (len(c) - idx)) / len(c)
+
+    def above(self, a):
+        """P(C > a)."""
+        return 1.0 - np.searchsorted(self.c, a, side="right") / len(self.c)
+
+    def quantile_above(self, p):
+        """Smallest a with P(C > a) <= p."""
+        k = np.ceil((1.0 - np.clip(p, 0.0, 1.0)) * len(self.c)).astype(int) - 1
+        return np.where(k >= 0, self.c[np.maximum(k, 0)], 0.0)
+
+    def excess_at(self, b):
+        """g(b); E[C] - b below 0."""
+        return np.where(b < 0.0, self.mean - b, np.interp(b, self.grid, self.excess, right=0.0))
+
+    def excess_inverse(self, target):
+        """Smallest b with g(b) <= target (g decreasing)."""
+        return np.where(target >= self.mean, self.mean - target,
+                        np.interp(target, self.excess[::-1], self.grid[::-1]))
+
+
+def _fcfs_p90(mix: _ChunkMix, r, e, iterations: int) -> np.ndarray:
+    """Solves (1 - r) P(C + e > t) + r P(R > t - E[C]) = 0.1 for t (see
+    Traffic.fcfs_p90_chunks); R's tail is the residual excess over E[C] + e."""
+    mean = mix.mean
+
+    def tail(t):
+        res = np.minimum(mix.excess_at(t - (mean + e) - e) / (mean + e), 1.0)
+        return (1.0 - r) * mix.above(t - e) + r * res
+
+    def own_at(p):  # smallest t with P(C + e > t) <= p
+        return mix.quantile_above(p) + e
+
+    def res_at(p):  # smallest t with P(R > t - E[C]) <= p
+        return mix.excess_inverse(np.clip(p, 0.0, 1.0) * (mean + e)) + mean + 2.0 * e
+
+    # the P90 lies above each term's quantile at the level that term alone would need
+    # (0.1 / its weight), and below both terms' P90s and the quantile of the heavier term
+    # that leaves the lighter one all of its weight
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo = np.maximum(own_at(0.1 / (1.0 - r)), res_at(0.1 / r))
+        hi = np.minimum.reduce([np.maximum(own_at(0.1), res_at(0.1)),
+                                np.where(r < 0.1, own_at((0.1 - r) / (1.0 - r)), np.inf),
+                                np.where(r > 0.9, res_at((r - 0.9) / r), np.inf)])
+    lo = np.maximum(np.minimum(lo, hi) * (1.0 - 1e-9) - 1e-9, 0.0)
+    hi = hi * (1.0 + 1e-9) + 1e-9
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        over = tail(mid) > 0.1
+        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
+    return hi
+
+
+def traffic_from_mix(name: str, context, uncached, output, gap,
+                     gap_cap_s: float = TURN_GAP_CAP_S) -> Traffic:
+    context, uncached, output, gap = (np.asarray(a, float) for a in (context, uncached, output, gap))
+    return Traffic(name=name, context_mean=float(context.mean()),
+                   uncached_mean=float(uncached.mean()),
+                   uncached_p90=float(np.percentile(uncached, 90)),
+                   output_mean=float(output.mean()), output_p10=float(np.percentile(output, 10)),
+                   gap_mean_s=float(np.minimum(gap, gap_cap_s).mean()),
+                   hit_rate=float(1.0 - uncached.sum() / context.sum()),
+                   uncached_sample=uncached, gap_sample=np.minimum(gap, gap_cap_s))
+
+
+def traffic_from_workload(workload, n: int = 200_000, seed: int = 0, hit_rate: float | None = None,
+                          gap_cap_s: float = TURN_GAP_CAP_S) -> Traffic:
+    """Moments of `workload.request_mix(n, seed, hit_rate)` (model.specs.workload). 200K requests:
+    sessions are heavy-tailed (a few long ones carry many long requests), and 20K (~300
+    sessions) left the mean context of a synthetic profile up to 12% off its population mean."""
+    mix = workload.request_mix(n, seed, hit_rate)
+    return traffic_from_mix(workload.name, mix.context_tokens, mix.uncached_tokens,
+                            mix.output_tokens, mix.gap_s, gap_cap_s)
+
+
+def _poisson_pmf(lam, nmax: int = POISSON_MAX) -> np.ndarray:
+    """pmf of Poisson(lam) on 0..nmax (last bin holds the tail), shape lam.shape + (nmax+1,)."""
+    lam = np.maximum(np.asarray(lam, float)[..., None], 0.0)
+    # e^-lam lam^n / n! as a running product: no exp or log per bin
+    ratios = np.concatenate([np.exp(-lam), lam / np.arange(1, nmax + 1)], -1)
+    pmf = np.cumprod(ratios, -1)
+    pmf[..., -1] += np.clip(1.0 - pmf.sum(-1), 0, 1)
+    return pmf
+
+
+def _max_of_ranks(pmf: np.ndarray, ranks) -> np.ndarray:
+    """pmf of the max over `ranks` iid draws (lockstep DP ranks wait for the slowest)."""
+    cdf = np.cumsum(pmf, -1).clip(0, 1)
+    with np.errstate(divide="ignore"):  # exp(k log F), about 1.4x faster than F ** k
+        cdf_max = np.exp(np.asarray(ranks, float)[..., None] * np.log(cdf))
+    return np.diff(cdf_max, prepend=0.0, axis=-1)
+
+
+# ---------------------------------------------------------------- aggregated replicas
+
+def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replicas,
+                        concurrency, threshold, interval, kv_capacity_tokens, tokens_per_step=1.0,
+                        reload_s_per_token=0.0, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+                        max_num_seqs: int = 256, iterations: int = 13,
+                        mixture_iterations: int = 7, miss_tokens=0.0,
+                        lower_tier_tokens=None) -> dict:
+    """Closed-form steady state of aggregated candidates, all given as broadcastable arrays:
+    `which` plan in the (stacked) table, its `dp` / `pp`, `replicas`, client `concurrency` (lanes,
+    whole deployment), `threshold` (0 = off), `interval` (prefill_schedule_interval), the
+    replica's `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`.
+    Finite cache (model.plan.search_cache): `miss_tokens` per request beyond the infinite-cache misses
+    are recomputed (they join the prefill), `lower_tier_tokens` per request are reloaded from a
+    lower tier; when `lower_tier_tokens` is None, sessions whose KV does not fit the HBM pool
+    reload it all (the older residency estimate).
+
+    Returns arrays: tpgs (per GPU, replica GPUs = dp*pp*tp*pcp given via `gpus` by the caller),
+    p90_interactivity_tok_s, p90_ttft_s, mean_ttft_s, decode_batch, step_time_s, rate_rps
+    (per replica), limit (what binds) and feasible."""
+    arrays = np.broadcast_arrays(*(np.asarray(a, float) for a in (
+        which, dp, pp, replicas, concurrency, threshold, interval, kv_capacity_tokens,
+        tokens_per_step, reload_s_per_token, miss_tokens)))
+    which, dp, pp, replicas, conc, thr, interval, kv_cap, tps, reload_tok, miss = arrays
+    which = which.astype(int)
+    c_r = conc / replicas
+    budget = float(max_num_batched_tokens)  # per DP rank per (micro)step
+    cap = np.where(thr > 0, np.minimum(thr, budget), budget)
+    # evicted prefixes are recomputed: they lengthen the request's prefill (more chunks)
+    chunks_mean = traffic.chunks(cap) + miss / cap
+    u_p90 = traffic.uncached_p90 + miss
+    chunks_p90 = np.ceil(u_p90 / cap)
+    u, o, s = traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean
+    k_eff = u / chunks_mean
+    o_step = o / tps  # decode steps per turn
+    b_kv = kv_cap / max(s, 1.0)  # decoding sequences whose KV fits
+    if lower_tier_tokens is None:
+        resident = np.minimum(1.0, kv_cap / np.maximum(c_r * s, 1.0))
+        reload = (1.0 - resident) * s * reload_tok  # offloaded sessions fetch their KV back
+    else:
+        reload = np.asarray(lower_tier_tokens, float) * reload_tok
+    n = np.arange(POISSON_MAX + 1)
+
+    t = table.decode(np.maximum(c_r / 4, 1.0), which)
+    t_chunk = t_quiet = t
+    t_prev = g_prev = None
+    idle_gap = traffic.idle_gap(conc)
+    for it in range(iterations):
+        ttft0 = _ttft(chunks_mean, t_chunk, t_quiet, pp, interval) + reload
+        z = idle_gap(ttft0 + o_step * t)
+        cycle = ttft0 + o_step * t + z
+        r_lanes = c_r / cycle
+        # budget: per (micro)step each rank takes <= budget tokens of decodes + prefill
+        r_budget = budget * dp * pp / (t * (u * interval + o_step))
+        r_kv = b_kv / (o_step * t)
+        r = np.minimum(np.minimum(r_lanes, r_budget), r_kv)
+        b_mb = r * o_step * t / pp  # decodes per microbatch (per step when pp == 1)
+        # prefill tokens per step over all ranks (mean), and a step carrying one of this
+        # request's chunks: its rank is the busiest, the other ranks bring their mean share
+        p_step = r * u * t / pp
+        t_chunk = np.maximum(table.busiest(k_eff, k_eff + p_step * (1 - 1 / dp), b_mb, dp,
+                                           which), t)
+        if it < iterations - mixture_iterations:  # mean field first: cheap, gets close
+            t = 0.5 * t + 0.5 * table(p_step, b_mb, which)
+            t_quiet = table.decode(b_mb, which)
+            continue
+        t_quiet = table.decode(b_mb, which)
+        lam = r * u * t * interval / (pp * dp * k_eff)  # chunks per rank per admitting step
+        # the step waits for the busiest of the dp lock-stepped ranks, and with pp stages for
+        # the slowest of the pp microbatches in flight: a sequence's next token needs its own
+        # microbatch's full pass, so the pipeline's period is the longest pass (a flow shop
+        # with proportional stage times), and a prefill chunk in one microbatch stalls them all
+        pmf = _max_of_ranks(_poisson_pmf(lam), dp * pp)
+        x = np.minimum(n * k_eff[..., None], np.maximum(budget - b_mb[..., None] / dp[..., None],
+                                                        0.0))
+        # the busiest rank holds x; the others their mean (the total the experts see)
+        total = x + (lam * k_eff * (dp - 1.0))[..., None]
+        t_steps = table.busiest(x, np.maximum(total, x), b_mb[..., None], dp[..., None],
+                                which[..., None])
+        mean_adm = (pmf * t_steps).sum(-1)
+        second = (pmf * t_steps**2).sum(-1)
+        t_new = mean_adm / interval + t_quiet * (1 - 1 / interval)
+        t, t_prev, g_prev = _secant_step(t, t_new, t_prev, g_prev), t, t_new
+    var = np.maximum(second / interval + t_quiet**2 * (1 - 1 / interval) - t_new**2, 0.0)
+    tpot_p90 = t + Z90 * np.sqrt(var / np.maximum(traffic.output_p10 / tps, 1.0)) \
+        + _tagged_shift(table, b_mb, c_r / pp, which, t_quiet)
+    limit = np.where(r >= r_lanes * (1 - 1e-6), "lanes",
+                     np.where(r_kv <= r_budget, "kv_capacity", "prefill_budget"))
+    queue = np.maximum(c_r / r - (ttft0 + o_step * t + z), 0.0)
+    c90 = np.minimum(cap, u_p90)
+    t_chunk_p90 = np.maximum(table.busiest(c90, c90 + p_step * (1 - 1 / dp), b_mb, dp, which),
+                             t)
+    wait, fcfs_p90 = _fcfs_prefill(traffic, cap, miss, thr, r / dp, t_chunk, t_chunk_p90,
+                                   t_quiet, pp, interval)
+    ttft_p90 = np.where(np.asarray(thr) <= 0, fcfs_p90,
+                        _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval)) + reload + queue
+    b_total = r * o_step * t
+    feasible = (b_total / dp <= max_num_seqs * (1 + 1e-9)) & (b_kv >= 1.0)
+    return {"rate_rps": r, "tokens_per_s": r * replicas * (s + o),
+            "p90_interactivity_tok_s": tps / tpot_p90, "p90_ttft_s": ttft_p90,
+            "mean_ttft_s": ttft0 + queue + wait, "decode_batch": b_total, "step_time_s": t,
+            "limit": limit, "feasible": feasible}
+
+
+def _fcfs_prefill(traffic: Traffic, cap, miss, thr, rate_per_rank, t_chunk, t_chunk_p90,
+                  t_quiet, pp, interval):
+    """(mean wait, P90 TTFT before reload and queue) of a prompt on its DP rank with the
+    threshold off (FCFS: one prompt holds the budget until its last chunk; theory.md §1.1
+    head-of-line blocking). M/G/1 on the rank's prefill server, service = the prompt's chunks
+    at t_chunk / pp each plus interval - 1 decode steps between them: Pollaczek-Khinchine mean
+    wait; the P90 from `Traffic.fcfs_p90_chunks` at full-chunk times (the prompts that set it
+    are the cold ones). With a threshold prompts share the budget instead: no wait."""
+    per_chunk = t_chunk / pp + (interval - 1.0) * t_quiet
+    extra = miss / cap  # recomputed misses lengthen every prompt's prefill by this many chunks
+    base = traffic.chunks(cap)
+    c1 = base + extra
+    c2 = traffic.chunks_squared(cap) + 2.0 * base * extra + extra**2
+    rho = np.minimum(rate_per_rank * c1 * per_chunk, 0.99)
+    wait = pk_wait_s(rate_per_rank, c1 * per_chunk, c2 * per_chunk**2, 0.99)
+    fcfs = np.broadcast_to(np.asarray(thr) <= 0, np.shape(wait))
+    steps = np.zeros(np.shape(wait))
+    if fcfs.any():
+        cap_, rho_, extra_ = (np.broadcast_to(a, fcfs.shape)[fcfs] for a in (cap, rho, extra))
+        steps[fcfs] = traffic.fcfs_p90_chunks(cap_, rho_, extra_)
+    p90 = steps * (t_chunk_p90 / pp + (interval - 1.0) * t_quiet) + (pp - 1.0) * t_chunk_p90 / pp
+    return np.where(fcfs, wait, 0.0), p90
+
+
+def _secant_step(t, t_new, t_prev, g_prev):
+    """Next iterate of the step-time fixed point t = G(t): a secant step t + (G(t) - t) / (1 - G')
+    with the slope G' from the last two iterates, clipped to [-0.5, 0.9] so it never jumps past
+    a contraction; plain G(t) on the first step. Damped iteration converged too slowly here
+    (8 mixture steps left P90 interactivity up to 23% off its fixed point); 7 secant steps
+    reach it within 0.02% (rates 0.06%, P90 TTFT 1%) on the default scenario's candidates."""
+    if t_prev is None:
+        return t_new
+    dt = t - t_prev
+    moved = np.abs(dt) > 1e-15
+    slope = np.clip(np.where(moved, (t_new - g_prev) / np.where(moved, dt, 1.0), 0.0), -0.5, 0.9)
+    return (t_new - slope * t) / (1.0 - slope)
+
+
+def _ttft(chunks, t_chunk, t_quiet, pp, interval):
+    """Prefill latency of a request needing `chunks` steps: with pp stages its chunks pipeline,
+    (chunks + pp - 1) stage times (theory.md §4.4); with prefill_schedule_interval N each chunk
+    waits N - 1 decode-only steps."""
+    return (chunks + pp - 1) * t_chunk / pp + chunks * (interval - 1) * t_quiet
+
+
+# ---------------------------------------------------------------- disaggregated
+
+def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_table: StepTable,
+                           which, decode_gpus, decode_batch_cap, x, y, concurrency,
+                           traffic: Traffic, chunk_tokens, kv_bytes_per_token: float,
+                           link_bytes_per_s: float, tokens_per_step=1.0, miss_tokens=0.0,
+                           lower_tier_s=0.0) -> dict:
+    """Closed loop of `concurrency` lanes over x prefill and y decode instances, all arguments
+    broadcastable arrays (one entry per candidate); returns flattened arrays.
+
+    A lane's cycle: M/D/1 wait in the prefill pool (at its load), the prefill of U uncached tokens
+    at the prefill instance's rate chunk / T_P (`prefill_step_s` is its `chunk_tokens` step), the
+    KV hand-off, O / q decode steps of T_D(b), the think gap. With b the mean decoding sequences
+    per decode instance (`decode_table.decode(b, which)` gives T_D, no prefill interference) the
+    system serves r(b) = y b q / (O T_D(b)) requests/s and holds N(b) = r(b) * cycle(b) lanes
+    (Little's law); N rises with b, so a bracketed root finder on log b (`_decode_batch_root`)
+    finds the b that carries the given lanes. b stops at `decode_batch_cap` (KV pool,
+    max_num_seqs): lanes beyond it wait for a decode slot, and a prefill pool near saturation
+    absorbs them in its M/D/1 wait.
+    Finite cache: `miss_tokens` per request are recomputed (prefill work), `lower_tier_s` per
+    request reloads lower-tier hits before the prefill."""
+    args = np.broadcast_arrays(*(np.asarray(a, float) for a in (
+        prefill_step_s, prefill_gpus, prefill_senders, which, decode_gpus, decode_batch_cap, x, y,
+        concurrency, chunk_tokens, tokens_per_step, miss_tokens, lower_tier_s)))
+    t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = (
+        np.atleast_1d(a) for a in args)  # candidates are indexed (the root finder's subsets)
+    which = which.astype(int)
+    u, o, s = traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean
+    thr_p = chunk / t_p  # prefill tokens/s per instance
+    lam_p = prefill_saturation_rps(t_p, chunk, u)
+    service = u / thr_p
+    # service U / thr_p varies with the prompt: second moment over the request mix (cap 1 token)
+    u_sq = traffic.chunks_squared(1.0) + 2.0 * traffic.uncached_mean * miss + miss**2
+    hand_mean = kv_transfer_time_s(u, kv_bytes_per_token, link_bytes_per_s, senders)
+    fixed = service + hand_mean + lower  # active time outside the queue and the decode
+    idle_gap = traffic.idle_gap(conc)
+    service_sq = np.broadcast_to(u_sq / thr_p**2, conc.shape)
+
+    def state(b, idx=slice(None)):
+        """(decode step, request rate, prefill wait, lanes held) at b decoding sequences per
+        decode instance; `idx` selects candidates (the root finder's still-active ones)."""
+        step = decode_table.decode(b, which[idx])
+        r = y[idx] * b * tps[idx] / (o * step)
+        wait = pk_wait_s(r / x[idx], service[idx], service_sq[idx])
+        active = fixed[idx] + wait + o / tps[idx] * step
+        return step, r, wait, r * (active + idle_gap(active, idx))
+
+    top = np.maximum(b_cap, 1e-3)  # the decode cap, evaluated once
+    cap_step, _, _, cap_held = state(top)
+    at_cap = cap_held <= conc
+    b = np.where(at_cap, top, _decode_batch_root(state, decode_table.decode(0.0, which), top,
+                                                  cap_step, fixed, o / tps, idle_gap, y, conc))
+    step, rate, wait, held = state(b)
+    active = fixed + wait + o / tps * step
+    queue = np.where(at_cap, np.maximum(conc / np.maximum(rate, 1e-300) - active
+                                        - idle_gap(active), 0.0), 0.0)
+    hand_p90 = kv_transfer_time_s(traffic.uncached_p90 + miss, kv_bytes_per_token,
+                                  link_bytes_per_s, senders)
+    rho = rate / (x * lam_p)
+    step_p90 = step + Z90 * _batch_step_sd(decode_table, which, b, conc / y, at_cap, traffic, tps) \
+        + np.where(at_cap, 0.0, _tagged_shift(decode_table, b, conc / y, which, step))
+    # own prefill + FCFS wait at the P90 (token-sized steps: cap 1)
+    ttft_p90 = traffic.fcfs_p90_chunks(1.0, np.minimum(rho, 0.999), miss) / thr_p + hand_p90 \
+        + lower + queue
+    gpus = x * g_p + y * g_d
+    limit = np.where(at_cap, "decode_rate", np.where(rho > 0.95, "prefill_rate", "lanes"))
+    out = {"x": x.astype(int), "y": y.astype(int), "decode_batch": b, "decode_batch_cap": b_cap,
+           "tpgs": rate * (s + o) / gpus, "p90_interactivity_tok_s": tps / step_p90,
+           "p90_ttft_s": ttft_p90, "mean_ttft_s": service + wait + hand_mean + lower + queue,
+           "rate_rps": rate, "gpus": gpus.astype(int), "concurrency": conc,
+           "prefill_rps": x * lam_p, "decode_rps": y * top * tps / (o * cap_step),
+           "step_time_s": step, "limit": limit,
+           "feasible": (b_cap >= 1.0) & np.isfinite(ttft_p90)}
+    return {k: np.ravel(v) for k, v in out.items()}
+
+
+def _decode_batch_root(state, step0, top, top_step, fixed, steps_per_token, idle_gap, y, conc):
+    """The decode batch b <= `top` at which `state(b)` holds `conc` lanes, bracketed tightly
+    before Chandrupatla's method (scipy) refines it in log b. Above: each lane decodes its
+    O / q steps (`steps_per_token` = O / q) and waits at least `fixed` plus its shortest gap
+    per turn, so N(b) >= y b (1 + (fixed + gap) / (O / q T_D(top))). Below: for b under that
+    bound b_hi the wait, step and gap are at most b_hi's and the step at least T_D(0), so
+    N(b) <= b N(b_hi) T_D(b_hi) / (b_hi T_D(0))."""
+    gap_min = idle_gap(fixed + steps_per_token * step0)
+    b_hi = np.minimum(top, conc / (y * (1.0 + (fixed + gap_min) / (steps_per_token * top_step))))
+    step_hi, _, _, held_hi = state(b_hi)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b_lo = np.maximum(b_hi * conc / held_hi * step0 / step_hi, 1e-3)
+    lo, hi = np.log(np.minimum(b_lo, b_hi)), np.log(b_hi)
+    def excess_lanes(log_b, idx):  # scipy passes the active candidates' indices as floats
+        idx = idx.astype(int)
+        return state(np.exp(log_b), idx)[3] - conc[idx]
+
+    root = find_root(excess_lanes, (lo, np.maximum(hi, lo + 1e-12)),
+                     args=(np.arange(conc.size).reshape(conc.shape),),
+                     tolerances={"xatol": ROOT_LOG_TOL, "xrtol": 0.0, "fatol": 0.0, "frtol": 0.0})
+    return np.exp(np.where(root.success, root.x, hi))
+
+
+def _tagged_shift(table: StepTable, b, lanes, which, base):
+    """What the decode step a decoding request sees adds to the mean batch's: itself plus the
+    others decoding, b + 1 - b / lanes in all (Palm expectation over a closed loop of `lanes`
+    sessions; model.serve.engine._tagged_decode_step is the same correction in the full closed form).
+    It matters at light load, where the time-average batch b counts idle time. `base`: the
+    caller's decode step at b (table.decode(b)), already looked up."""
+    b = np.asarray(b, float)
+    extra = np.maximum(1.0 - b / np.maximum(lanes, 1e-9), 0.0)
+    return np.maximum(table.decode(b + extra, which) - base, 0.0)
+
+
+def _batch_step_sd(decode_table: StepTable, which, b, lanes, at_cap, traffic: Traffic, tps):
+    """Sd of the decode step a short request sees over its own decode window, from the batch's
+    fluctuation: decodes are an M/G/inf occupancy of mean b (Poisson variance b), thinned by the
+    closed loop's finite lanes (binomial: x (1 - b / lanes)) and averaged over the window w of
+    a P10-length output against the mean decode length L: b (1 - w / 3L) (rectangular shots,
+    w <= L). None at the decode cap, where queued lanes keep the slots full."""
+    length = traffic.output_mean / tps
+    w = np.minimum(traffic.output_p10 / tps, length)
+    var = b * (1.0 - w / (3.0 * length)) * np.maximum(1.0 - b / np.maximum(lanes, 1e-9), 0.0)
+    slope = np.maximum(decode_table.decode(b + 1.0, which) - decode_table.decode(
+        np.maximum(b - 1.0, 0.0), which), 0.0) / (b + 1.0 - np.maximum(b - 1.0, 0.0))
+    return np.where(at_cap, 0.0, slope * np.sqrt(var))
+
+
+# ---------------------------------------------------------------- Pareto and best
+
+def pareto_front(df: pd.DataFrame, x: str = "p90_interactivity_tok_s", y: str = "tpgs"
+                 ) -> pd.DataFrame:
+    """Rows not dominated in (higher x, higher y), sorted by x."""
+    if df.empty:
+        return df
+    xv, yv = df[x].to_numpy(float), df[y].to_numpy(float)
+    order = np.lexsort((-xv, -yv))  # y descending, then x descending (NaN last)
+    xs = xv[order]
+    keep = np.concatenate([[True], xs[1:] > np.maximum.accumulate(xs)[:-1]])
+    rows = order[keep]  # only the front's rows are taken from the frame
+    return df.iloc[rows[np.argsort(xv[rows], kind="stable")]].reset_index(drop=True)
+
+
+def meets_slo(df: pd.DataFrame, slo_p90_interactivity: float,
+              slo_p90_ttft_s: float | None = None) -> pd.Series:
+    """Feasible candidates meeting the P90 interactivity floor (and the P90 TTFT ceiling)."""
+    ok = df["feasible"] & (df["p90_interactivity_tok_s"] >= slo_p90_interactivity)
+    return ok & (df["p90_ttft_s"] <= slo_p90_ttft_s) if slo_p90_ttft_s is not None else ok
+
+
+def best_under_slo(df: pd.DataFrame, slo_p90_interactivity: float,
+                   slo_p90_ttft_s: float | None = None) -> pd.Series:
+    ok = np.flatnonzero(meets_slo(df, slo_p90_interactivity, slo_p90_ttft_s).to_numpy())
+    if not len(ok):
+        from model.specs.errors import Infeasible
+
+        best = df["p90_interactivity_tok_s"].max() if len(df) else float("nan")
+        if slo_p90_ttft_s is not None and len(df) and (
+                df["feasible"] & (df["p90_interactivity_tok_s"] >= slo_p90_interactivity)).any():
+            fastest = df.loc[df["feasible"] & (df["p90_interactivity_tok_s"]
+                                               >= slo_p90_interactivity), "p90_ttft_s"].min()
+            raise Infeasible(f"no candidate meeting P90 interactivity {slo_p90_interactivity:g} "
+                             f"tok/s has P90 TTFT <= {slo_p90_ttft_s:g} s (best {fastest:.2f} s); "
+                             "raise --slo-p90-ttft or add GPUs")
+        raise Infeasible(f"no candidate reaches P90 interactivity {slo_p90_interactivity:g} tok/s "
+                         f"(best {best:.1f} tok/s); lower --slo-p90-interactivity or add GPUs")
+    return df.iloc[_top(df, ok)]
+
+
+def _top(df: pd.DataFrame, rows: np.ndarray) -> int:
+    """Position of the highest-TPGS row among `rows`, ties to the higher P90 interactivity."""
+    tpgs = df["tpgs"].to_numpy(float)[rows]
+    tied = rows[tpgs == tpgs.max()]
+    return int(tied[np.argmax(df["p90_interactivity_tok_s"].to_numpy(float)[tied])])
+
+
+def require_candidates(df: pd.DataFrame, what: str) -> pd.DataFrame:
+    if df.empty:
+        raise ServecastError(f"no valid {what} deployment: no parallel plan fits the GPU budget")
+    return df

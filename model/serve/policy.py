@@ -1,0 +1,84 @@
+"""The engine's batching policy (vLLM V1 scheduler knobs) and the per-step token accounting both
+the closed-form serving model and the simulator apply (research/theory.md §1.1).
+
+Per step the scheduler serves running requests first (one token per decode, then in-flight
+prefill chunks), then admits waiting ones, each prefill taking
+`min(remaining, threshold if 0 < threshold < remaining, budget left)` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+from model.specs.errors import ServecastError
+
+
+@dataclass(frozen=True)
+class EnginePolicy:
+    """`max_num_batched_tokens`: token budget per step shared by decodes and prefill chunks.
+    `max_num_seqs`: running requests per step (per DP rank, as in vLLM).
+    `long_prefill_token_threshold`: per-request prefill tokens per step; 0 = no cap (vLLM).
+    `prefill_schedule_interval`: prefill only on steps whose counter is a multiple of it; the
+    counter is shared across DP ranks, so prefill lands on the same steps everywhere (1 = off).
+    """
+
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = MAX_NUM_SEQS
+    long_prefill_token_threshold: int = 0
+    prefill_schedule_interval: int = 1
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("max_num_batched_tokens", self.max_num_batched_tokens, 1),
+            ("max_num_seqs", self.max_num_seqs, 1),
+            ("long_prefill_token_threshold", self.long_prefill_token_threshold, 0),
+            ("prefill_schedule_interval", self.prefill_schedule_interval, 1),
+        )
+        for name, value, low in checks:
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ServecastError(f"EnginePolicy: {name}: must be an integer >= {low}, "
+                                     f"got {value!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM's SchedulerConfig rejects this too: every running decode needs a token
+            raise ServecastError("EnginePolicy: max_num_batched_tokens: must be >= max_num_seqs "
+                                 f"({self.max_num_batched_tokens} < {self.max_num_seqs})")
+
+    @property
+    def chunk_cap(self) -> float:
+        """Per-request prefill tokens per step (inf when the threshold is off)."""
+        t = self.long_prefill_token_threshold
+        return float(t) if t > 0 else float("inf")
+
+    def prefill_budget(self, decode_seqs: float) -> float:
+        """Tokens left for prefill in a step that also carries `decode_seqs` decodes."""
+        return max(float(self.max_num_batched_tokens) - decode_seqs, 0.0)
+
+    def chunk(self, remaining: float, budget_left: float) -> float:
+        """vLLM's per-request prefill tokens this step."""
+        return min(remaining, self.chunk_cap, budget_left)
+
+    def steps_alone(self, prompt_tokens: float, decode_seqs: float = 0.0) -> int:
+        """Steps a prompt needs when it is the only prefill (theory T21)."""
+        per_step = min(self.chunk_cap, self.prefill_budget(decode_seqs))
+        if per_step <= 0:
+            raise ServecastError("EnginePolicy: max_num_batched_tokens: no budget left for "
+                                 "prefill after the decodes")
+        return int(-(-prompt_tokens // per_step))
+
+    def with_threshold(self, threshold: int) -> EnginePolicy:
+        return EnginePolicy(self.max_num_batched_tokens, self.max_num_seqs, threshold,
+                            self.prefill_schedule_interval)
+
+    def as_dict(self) -> dict:
+        return {"max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_num_seqs": self.max_num_seqs,
+                "long_prefill_token_threshold": self.long_prefill_token_threshold,
+                "prefill_schedule_interval": self.prefill_schedule_interval}
+
+
+def default_threshold(max_model_len: int, max_num_partial_prefills: int = 1) -> int:
+    """vLLM's default threshold: 4% of max_model_len when partial prefills > 1, else off."""
+    if max_num_partial_prefills > 1:
+        return int(0.04 * max_model_len)
+    return 0

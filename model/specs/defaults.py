@@ -1,0 +1,12 @@
+"""Engine and benchmark-client defaults, in one place: every module that needs one imports it
+from here, so a default changes in one line.
+
+Engine: vLLM V1's online-serving defaults on datacenter GPUs (vllm/config/scheduler.py and
+vllm/engine/arg_utils.py, https://github.com/vllm-project/vllm). Client: InferenceX's AgentX
+replay (https://github.com/SemiAnalysisAI/InferenceX, AIPerf trace replay options)."""
+
+MAX_NUM_BATCHED_TOKENS = 8192  # token budget per engine step (per DP rank)
+MAX_NUM_SEQS = 256  # running requests per engine step (per DP rank)
+GPU_MEMORY_UTILIZATION = 0.9  # share of HBM the engine may take (--gpu-memory-utilization)
+TURN_GAP_CAP_S = 300.0  # a session's tool/think gap before a turn is cut to this (per trajectory)
+SYSTEM_IDLE_CAP_S = 10.0  # the replay skips all-idle time beyond this (--system-idle-gap-cap-seconds)

@@ -1,0 +1,157 @@
+"""Shared pieces of the family loaders: required-key checks, Linear construction at the
+checkpoint's precision, and the standard attention / MLP / MoE blocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.specs.errors import SpecError
+from model.specs.families.quant import QuantScheme
+from model.specs.layers import Attention, Experts, Indexer, Layer, Linear, Mlp
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a family loader returns; `model.specs.architecture` adds names and provenance."""
+
+    layers: tuple[Layer, ...]
+    hidden_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_context: int
+    default_kv_dtype: str = "bf16"
+    hyper_connections: int = 1
+    embedding_names: tuple[str, str] = ("embed_tokens", "lm_head")
+
+
+# Shape fields that must be non-negative integers (a "7168" string or 7168.0 is a malformed
+# config, not something to coerce)
+INT_KEYS = frozenset({
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "moe_intermediate_size", "vocab_size", "n_routed_experts", "num_experts",
+    "num_local_experts", "num_experts_per_tok", "num_experts_per_token", "experts_per_token",
+    "n_shared_experts", "num_shared_experts", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "v_head_dim", "first_k_dense_replace", "num_nextn_predict_layers",
+    "index_n_heads", "index_head_dim", "index_topk", "sliding_window", "o_groups", "o_lora_rank",
+    "shared_intermediate_size", "shared_expert_intermediate_size", "dense_intermediate_size",
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "mamba_num_heads", "mamba_head_dim",
+    "ssm_state_size", "n_groups", "conv_kernel", "moe_latent_size", "routed_expert_hidden_size",
+    "num_hash_layers", "hc_mult", "max_position_embeddings", "global_head_dim",
+    "num_global_key_value_heads", "top_k_experts", "share_expert_dim", "attention_chunk_size",
+    "intermediate_size_mlp", "interleave_moe_layer_step", "decoder_sparse_step",
+})
+
+
+@dataclass
+class Builder:
+    """A config dict plus its quant scheme; builds Linears named like the checkpoint's modules."""
+
+    cfg: dict[str, Any]
+    path: str
+    family: str
+    quant: QuantScheme
+    layer_prefix: str = "layers"
+    mtp_prefix: str | None = None  # V4 names MTP modules `mtp.K.*`
+    num_main_layers: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def need(self, *keys: str) -> None:
+        missing = [k for k in keys if self.cfg.get(k) is None]
+        if missing:
+            raise SpecError(self.path, ", ".join(missing),
+                            f"missing for family {self.family}: the loader needs "
+                            f"{', '.join(keys)}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.cfg.get(key)
+        return default if value is None else self._checked(key, value)
+
+    def __getitem__(self, key: str) -> Any:
+        self.need(key)
+        return self._checked(key, self.cfg[key])
+
+    def _checked(self, key: str, value: Any) -> Any:
+        if key in INT_KEYS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SpecError(self.path, key, f"must be a non-negative integer; got {value!r}")
+        return value
+
+    def module(self, layer: int, local: str) -> str:
+        if self.mtp_prefix and layer >= self.num_main_layers:
+            return f"{self.mtp_prefix}.{layer - self.num_main_layers}.{local}"
+        return f"{self.layer_prefix}.{layer}.{local}"
+
+    def lin(self, layer: int, local: str, in_features: int, out_features: int, count: int = 1,
+            quantizable: bool = True, dtype: str | None = None) -> Linear:
+        fmt = dtype or self.quant.dtype_for(self.module(layer, local), quantizable)
+        return Linear(local, int(in_features), int(out_features), fmt, count)
+
+    def experts_dtype(self, layer: int, local: str) -> str:
+        return self.quant.dtype_for(self.module(layer, local))
+
+
+def gqa(b: Builder, i: int, heads: int, kv_heads: int, head_dim: int, hidden: int, *,
+        kind: str = "gqa", window: int | None = None, prefix: str = "self_attn",
+        v_head_dim: int | None = None, extra: tuple[Linear, ...] = (),
+        names: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+        indexer: Indexer | None = None, kv_entry_dims: int | None = None) -> Attention:
+    v_dim = v_head_dim or head_dim
+    q, k, v, o = (f"{prefix}.{n}" for n in names)
+    projections = (
+        b.lin(i, q, hidden, heads * head_dim),
+        b.lin(i, k, hidden, kv_heads * head_dim),
+        b.lin(i, v, hidden, kv_heads * v_dim),
+        b.lin(i, o, heads * v_dim, hidden),
+    ) + extra
+    return Attention(kind=kind, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                     v_head_dim=v_dim, projections=projections, window=window, indexer=indexer,
+                     kv_entry_dims=kv_entry_dims)
+
+
+def dense_mlp(b: Builder, i: int, hidden: int, inter: int, *, prefix: str = "mlp",
+              gated: bool = True, names: tuple[str, str, str] = ("gate_proj", "up_proj",
+                                                                 "down_proj")) -> Mlp:
+    gate, up, down = (f"{prefix}.{n}" for n in names)
+    projections = ((b.lin(i, gate, hidden, inter),) if gated else ()) + (
+        b.lin(i, up, hidden, inter), b.lin(i, down, inter, hidden))
+    return Mlp("dense", projections)
+
+
+def moe_mlp(b: Builder, i: int, hidden: int, *, experts: int, top_k: int, inter: int,
+            shared_inter: int = 0, prefix: str = "mlp", router: str = "gate",
+            experts_name: str = "experts", shared_name: str = "shared_experts",
+            shared_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+            gated: bool = True, hash_routed: bool = False, expert_hidden: int | None = None,
+            extra: tuple[Linear, ...] = (), router_linear: bool = True) -> Mlp:
+    """Routed experts + optional fused shared expert of width `shared_inter` + router."""
+    projections: list[Linear] = []
+    pre = f"{prefix}." if prefix else ""  # Gemma 4 keeps router and experts at layer level
+    if router_linear and not hash_routed:
+        projections.append(b.lin(i, f"{pre}{router}", hidden, experts, quantizable=False))
+    if shared_inter:
+        g, u, d = (f"{pre}{shared_name}.{n}" for n in shared_names)
+        if gated:
+            projections.append(b.lin(i, g, hidden, shared_inter))
+        projections += [b.lin(i, u, hidden, shared_inter), b.lin(i, d, shared_inter, hidden)]
+    projections += list(extra)
+    routed = Experts(num_experts=int(experts), top_k=int(top_k),
+                     hidden_size=int(expert_hidden or hidden), intermediate_size=int(inter),
+                     dtype=b.experts_dtype(i, f"{pre}{experts_name}"), gated=gated,
+                     hash_routed=hash_routed)
+    return Mlp("moe", tuple(projections), routed)
+
+
+def norms(hidden: int, count: int = 2) -> int:
+    """RMSNorm weights of one layer (input and post-attention norms)."""
+    return count * hidden
+
+
+def layer_types(b: Builder, n: int) -> list[str] | None:
+    """HF `layer_types` list ('full_attention' / 'sliding_attention' / 'linear_attention')."""
+    types = b.cfg.get("layer_types")
+    if types is None:
+        return None
+    if len(types) < n:
+        raise SpecError(b.path, "layer_types", f"{len(types)} entries for {n} layers")
+    return list(types[:n])

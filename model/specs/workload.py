@@ -1,0 +1,611 @@
+"""Workload profiles: the traffic a deployment serves, as data (`data/workloads/*.yaml`).
+
+Two kinds of profile:
+- `sessions` (agentic): a session is a chain of turns whose context only grows; each turn sends the
+  whole context, of which only the new part (the growth since the last turn) misses the prefix
+  cache; sessions pause between turns (tool or think time) and may fork subagents.
+- `requests`: independent requests (fixed-length benchmarks, Mooncake, Azure), with an arrival
+  rate where the source trace has one.
+
+Every distribution is data: a fixed value, a lognormal, empirical quantiles (fitted from a trace
+by `model.fit.workload`), or a weighted mixture of those. `Workload.request_mix(n, seed)` draws
+the per-request (context, uncached, output, gap) sample that both the closed-form serving model
+and the simulator consume, so the two always see the same traffic.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from model import ROOT
+from model.specs.defaults import SYSTEM_IDLE_CAP_S, TURN_GAP_CAP_S
+from model.specs.errors import ServecastError, SpecError
+from model.specs.specio import load_yaml
+
+WORKLOADS_DIR = ROOT / "data" / "workloads"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fixed(_Strict):
+    kind: Literal["fixed"]
+    value: float = Field(ge=0)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, float(self.value))
+
+    def mean(self) -> float:
+        return float(self.value)
+
+
+class Lognormal(_Strict):
+    kind: Literal["lognormal"]
+    mu: float  # mean of ln x
+    sigma: float = Field(ge=0)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.lognormal(self.mu, self.sigma, n)
+
+    def mean(self) -> float:
+        return float(np.exp(self.mu + self.sigma**2 / 2))
+
+
+class Empirical(_Strict):
+    """Quantiles of a measured distribution; sampled by inverse CDF, linear between quantiles."""
+
+    kind: Literal["empirical"]
+    p: tuple[float, ...]  # increasing probabilities from 0 to 1
+    x: tuple[float, ...]  # the matching quantiles (non-decreasing)
+
+    @model_validator(mode="after")
+    def _check(self) -> Empirical:
+        p, x = np.asarray(self.p), np.asarray(self.x)
+        if len(p) != len(x) or len(p) < 2:
+            raise ValueError("p and x must have the same length (at least 2)")
+        if p[0] != 0.0 or p[-1] != 1.0 or np.any(np.diff(p) <= 0):
+            raise ValueError("p must increase strictly from 0 to 1")
+        if np.any(np.diff(x) < 0):
+            raise ValueError("x must be non-decreasing")
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.interp(rng.random(n), self.p, self.x)
+
+    def mean(self) -> float:
+        p, x = np.asarray(self.p), np.asarray(self.x)
+        return float(np.sum(np.diff(p) * (x[1:] + x[:-1]) / 2))
+
+
+class Component(_Strict):
+    weight: float = Field(gt=0)
+    dist: Annotated[Fixed | Lognormal | Empirical, Field(discriminator="kind")]
+
+
+class Mixture(_Strict):
+    kind: Literal["mixture"]
+    components: tuple[Component, ...] = Field(min_length=1)
+
+    def _weights(self) -> np.ndarray:
+        w = np.array([c.weight for c in self.components])
+        return w / w.sum()
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        which = rng.choice(len(self.components), size=n, p=self._weights())
+        out = np.empty(n)
+        for i, comp in enumerate(self.components):
+            sel = which == i
+            out[sel] = comp.dist.sample(rng, int(sel.sum()))
+        return out
+
+    def mean(self) -> float:
+        return float(sum(w * c.dist.mean() for w, c in zip(self._weights(), self.components, strict=True)))
+
+
+DistKind = Annotated[Fixed | Lognormal | Empirical | Mixture, Field(discriminator="kind")]
+
+
+class Distribution(_Strict):
+    """A distribution plus optional clipping bounds (applied after sampling)."""
+
+    dist: DistKind
+    min: float | None = None
+    max: float | None = None
+    source: str = ""  # where the numbers come from (trace, paper, fit date)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        values = self.dist.sample(rng, n)
+        lo = -np.inf if self.min is None else self.min
+        hi = np.inf if self.max is None else self.max
+        return np.clip(values, lo, hi)
+
+    def mean(self) -> float:
+        """Mean before clipping (clipping only trims rare tails)."""
+        return self.dist.mean()
+
+
+class Subagents(_Strict):
+    """Fork-join children of a session: each run is its own short chain of requests."""
+
+    session_fraction: float = Field(ge=0, le=1)  # sessions with at least one subagent run
+    runs_per_session: Distribution  # runs, given the session has subagents
+    requests_per_run: Distribution
+    first_input_tokens: Distribution
+    context_growth_tokens: Distribution
+    output_tokens: Distribution
+    think_time_s: Distribution
+    source: str = ""
+
+
+class ContextMap(_Strict):
+    """A monotone map of request contexts, quantile to quantile (`source`: the generator's own
+    request-level quantiles, `target`: the published ones at the same probabilities), in log
+    space, flat in ratio beyond the ends. Each request's uncached tokens scale with its context,
+    so per-request hit rates are kept. It brings a generator's context law to a corpus whose
+    requests are described only by quantiles (AgentX v1.0)."""
+
+    source: tuple[float, ...]
+    target: tuple[float, ...]
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> ContextMap:
+        src, tgt = np.asarray(self.source), np.asarray(self.target)
+        if len(src) != len(tgt) or len(src) < 2:
+            raise ValueError("source and target must have the same length (at least 2)")
+        if np.any(src <= 0) or np.any(tgt <= 0) or np.any(np.diff(src) <= 0) \
+                or np.any(np.diff(tgt) < 0):
+            raise ValueError("source must increase strictly, target must not decrease, both > 0")
+        return self
+
+    def apply(self, ctx: np.ndarray, unc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ls, lt = np.log(self.source), np.log(self.target)
+        lc = np.log(np.maximum(ctx, 1.0))
+        shift = np.interp(lc, ls, lt - ls)  # log ratio, constant beyond the ends
+        ratio = np.exp(shift)
+        return np.maximum(np.round(ctx * ratio), 1.0), np.maximum(np.round(unc * ratio), 1.0)
+
+
+class Arrivals(_Strict):
+    """Open-loop arrival process recorded in the source trace (for trace-derived profiles)."""
+
+    rate_per_s: float = Field(gt=0)
+    interarrival_cv: float = Field(ge=0)  # coefficient of variation of inter-arrival times
+    source: str = ""
+
+
+class Workload(_Strict):
+    name: str
+    description: str
+    source: str  # trace or paper the profile was fitted to, with its date
+    date: str  # when the profile was fitted or written
+    kind: Literal["sessions", "requests"]
+    hit_rate: float = Field(ge=0, le=1)  # token-weighted prefix-cache hit (infinite cache)
+    hit_rate_source: str = ""
+    # requests-kind profiles
+    input_tokens: Distribution | None = None
+    output_tokens: Distribution | None = None
+    arrivals: Arrivals | None = None
+    # sessions-kind profiles
+    turns_per_session: Distribution | None = None
+    first_input_tokens: Distribution | None = None
+    context_growth_tokens: Distribution | None = None
+    reset_probability: float = Field(default=0.0, ge=0, le=1)  # turn recomputes its whole context
+    think_time_s: Distribution | None = None
+    max_context_tokens: float = Field(default=1_000_000, gt=0)
+    subagents: Subagents | None = None
+    context_map: ContextMap | None = None  # applied to every generated request (sessions kind)
+    # sessions resampled whole from a recorded trace (AgentX derived requests CSV, repository
+    # path) instead of generated from the distributions above
+    bootstrap: str | None = None
+    checks: dict[str, float] = Field(default_factory=dict)  # published statistics to compare
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Workload:
+        need = {"requests": ("input_tokens", "output_tokens"),
+                "sessions": ("turns_per_session", "first_input_tokens", "context_growth_tokens",
+                             "think_time_s", "output_tokens")}[self.kind]
+        if self.bootstrap is not None:
+            if self.kind != "sessions":
+                raise ValueError("bootstrap applies to kind 'sessions' only")
+            if not (ROOT / self.bootstrap).is_file():
+                raise ValueError(f"bootstrap trace {self.bootstrap!r} not found under the "
+                                 "repository")
+            need = ()
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"kind {self.kind!r} needs {', '.join(missing)}")
+        return self
+
+    def sessions(self, n: int, seed: int = 0) -> list[SessionSpec]:
+        """Draw `n` synthetic sessions (sessions kind) or `n` one-request sessions (requests)."""
+        return _draw_sessions(self, n, seed)
+
+    def request_mix(self, n: int = 20_000, seed: int = 0, hit_rate: float | None = None
+                    ) -> RequestMix:
+        """A request-weighted sample of (context, uncached, output, gap) of about `n` requests.
+
+        `hit_rate` (token-weighted) overrides the profile's: the cached part of every request is
+        scaled by hit_rate / (the sample's own hit), so a cache model's number plugs in directly.
+        """
+        return _request_mix(self, n, seed, hit_rate)
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """One synthetic session: per request, in order (subagent runs are inlined after the parent
+    turn that spawned them, as the parent waits for them)."""
+
+    context_tokens: np.ndarray
+    uncached_tokens: np.ndarray
+    output_tokens: np.ndarray
+    gap_s: np.ndarray  # idle time before each request (0 for the first)
+    subagent: np.ndarray  # bool: request belongs to a subagent run
+    run: np.ndarray | None = None  # subagent run number (0 = main agent)
+
+
+@dataclass(frozen=True)
+class RequestMix:
+    context_tokens: np.ndarray
+    uncached_tokens: np.ndarray
+    output_tokens: np.ndarray
+    gap_s: np.ndarray
+
+    @property
+    def hit_rate(self) -> float:
+        total = float(self.context_tokens.sum())
+        return 0.0 if total == 0 else 1.0 - float(self.uncached_tokens.sum()) / total
+
+    def __len__(self) -> int:
+        return len(self.context_tokens)
+
+
+def _chain(rng, n_req: int, first: Distribution, growth: Distribution, reset_p: float,
+           max_ctx: float) -> tuple[np.ndarray, np.ndarray]:
+    """Context and uncached tokens of a chain of `n_req` turns (first turn is cold)."""
+    c0 = max(first.sample(rng, 1)[0], 1.0)
+    deltas = growth.sample(rng, n_req)  # negative deltas are compactions
+    deltas[0] = c0
+    ctx = np.empty(n_req)
+    level = 0.0
+    for i, d in enumerate(deltas):  # the context never drops below a few blocks nor exceeds max
+        level = min(max(level + d, 64.0), max_ctx)
+        ctx[i] = level
+    unc = np.maximum(np.diff(ctx, prepend=0.0), 1.0)
+    resets = (rng.random(n_req) < reset_p) | (deltas < 0)
+    resets[0] = True
+    unc[resets] = ctx[resets]
+    return np.round(ctx), np.maximum(np.round(unc), 1.0)
+
+
+@functools.lru_cache(maxsize=4)
+def recorded_sessions(path: str) -> tuple[SessionSpec, ...]:
+    """Every trace of an AgentX derived requests CSV (columns trace_id, kind, t_s, in, out,
+    inf_cache_hit_tokens, think_time_s) as a session: its main and subagent requests in time
+    order; uncached = in - inf_cache_hit_tokens (the trace's own infinite-cache prefix hit),
+    gap = the recorded think time (0 before the first request)."""
+    import pandas as pd
+
+    cols = ["trace_id", "kind", "t_s", "in", "out", "inf_cache_hit_tokens", "think_time_s"]
+    try:
+        df = pd.read_csv(ROOT / path, usecols=cols)
+    except (OSError, ValueError) as err:
+        raise SpecError(path, "<root>", f"not an AgentX derived requests CSV ({err})") from None
+    df = df.sort_values(["trace_id", "t_s"], kind="stable")
+    # whole columns once, then split at trace boundaries (a pandas groupby per trace was most
+    # of a fresh process's first plan)
+    ctx_all = np.maximum(df["in"].to_numpy(float), 1.0)
+    unc_all = np.clip(ctx_all - df["inf_cache_hit_tokens"].to_numpy(float), 1.0, ctx_all)
+    gap_all = np.nan_to_num(df["think_time_s"].to_numpy(float), nan=0.0)
+    out_all = np.maximum(df["out"].to_numpy(float), 1.0)
+    sub_all = (df["kind"] != "main").to_numpy()
+    ids = df["trace_id"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    out = []
+    for a, b in zip(starts, np.r_[starts[1:], len(ids)], strict=True):
+        gap = gap_all[a:b].copy()
+        gap[0] = 0.0
+        sub = sub_all[a:b]
+        out.append(SessionSpec(ctx_all[a:b], unc_all[a:b], out_all[a:b], gap, sub,
+                               np.cumsum(np.r_[False, sub[1:] & ~sub[:-1]]) * sub))
+    return tuple(out)
+
+
+def _draw_sessions(w: Workload, n: int, seed: int) -> list[SessionSpec]:
+    rng = np.random.default_rng(seed)
+    if w.bootstrap is not None:  # whole recorded sessions, drawn with replacement
+        pool = recorded_sessions(w.bootstrap)
+        return [pool[i] for i in rng.integers(0, len(pool), n)]
+    out: list[SessionSpec] = []
+    if w.kind == "requests":
+        ctx = np.maximum(np.round(w.input_tokens.sample(rng, n)), 1.0)
+        osl = np.maximum(np.round(w.output_tokens.sample(rng, n)), 1.0)
+        unc = np.maximum(np.round(ctx * (1.0 - w.hit_rate)), 1.0)
+        for i in range(n):
+            out.append(SessionSpec(ctx[i:i + 1], unc[i:i + 1], osl[i:i + 1], np.zeros(1),
+                                   np.zeros(1, bool)))
+        return out
+    for _ in range(n):
+        turns = int(max(1, round(w.turns_per_session.sample(rng, 1)[0])))
+        ctx, unc = _chain(rng, turns, w.first_input_tokens, w.context_growth_tokens,
+                          w.reset_probability, w.max_context_tokens)
+        osl = np.maximum(np.round(w.output_tokens.sample(rng, turns)), 1.0)
+        gap = w.think_time_s.sample(rng, turns)
+        gap[0] = 0.0
+        sub = np.zeros(turns, bool)
+        parts = [(ctx, unc, osl, gap, sub, np.zeros(turns, int))]
+        sa = w.subagents
+        if sa is not None and rng.random() < sa.session_fraction:
+            runs = int(max(1, round(sa.runs_per_session.sample(rng, 1)[0])))
+            spawn_after = np.sort(rng.integers(0, turns, runs))
+            pieces, last = [], 0
+            for r_no, k in enumerate(spawn_after, start=1):  # splice each run after its spawn
+                pieces.append(tuple(a[last:k + 1] for a in parts[0]))
+                last = k + 1
+                m = int(max(1, round(sa.requests_per_run.sample(rng, 1)[0])))
+                c, u = _chain(rng, m, sa.first_input_tokens, sa.context_growth_tokens, 0.0,
+                              w.max_context_tokens)
+                o = np.maximum(np.round(sa.output_tokens.sample(rng, m)), 1.0)
+                g = sa.think_time_s.sample(rng, m)
+                pieces.append((c, u, o, g, np.ones(m, bool), np.full(m, r_no)))
+            pieces.append(tuple(a[last:] for a in parts[0]))
+            parts = pieces
+        spec = SessionSpec(*(np.concatenate([p[i] for p in parts]) for i in range(6)))
+        if w.context_map is not None:
+            ctx, unc = w.context_map.apply(spec.context_tokens, spec.uncached_tokens)
+            ctx = np.minimum(ctx, w.max_context_tokens)
+            spec = SessionSpec(ctx, np.minimum(unc, ctx),
+                               *(getattr(spec, f) for f in ("output_tokens", "gap_s",
+                                                            "subagent", "run")))
+        out.append(spec)
+    return out
+
+
+def _request_mix(w: Workload, n: int, seed: int, hit_rate: float | None) -> RequestMix:
+    if w.kind == "requests":
+        sessions = _draw_sessions(w, n, seed)
+    else:
+        sessions, count = [], 0
+        rng_seed = seed
+        while count < n:  # draw sessions until about n requests (request-weighted mix)
+            batch = _draw_sessions(w, 64, rng_seed)
+            rng_seed += 1
+            for s in batch:
+                sessions.append(s)
+                count += len(s.context_tokens)
+                if count >= n:
+                    break
+    mix = RequestMix(*(np.concatenate([getattr(s, f) for s in sessions])
+                       for f in ("context_tokens", "uncached_tokens", "output_tokens", "gap_s")))
+    if hit_rate is None:
+        return mix
+    if not 0.0 <= hit_rate < 1.0:
+        raise ServecastError(f"hit_rate: {hit_rate} is outside [0, 1)")
+    own = mix.hit_rate
+    cached = mix.context_tokens - mix.uncached_tokens
+    scale = hit_rate / own if own > 0 else 0.0
+    if own == 0:  # no cached part in the profile: spread the requested hit uniformly
+        uncached = np.maximum(np.round(mix.context_tokens * (1 - hit_rate)), 1.0)
+    else:
+        uncached = np.maximum(np.round(mix.context_tokens - np.minimum(cached * scale,
+                                                                      mix.context_tokens)), 1.0)
+    return RequestMix(mix.context_tokens, uncached, mix.output_tokens, mix.gap_s)
+
+
+# ------------------------------------------------------------------ loading
+
+def list_workloads() -> list[str]:
+    return sorted(p.stem for p in WORKLOADS_DIR.glob("*.yaml"))
+
+
+def _format_error(err: ValidationError) -> tuple[str, str]:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"] if not isinstance(p, int) or True) or "<root>"
+    return key, first["msg"]
+
+
+def workload_from_dict(data: object, path: object = "<dict>") -> Workload:
+    if not isinstance(data, dict):
+        raise SpecError(path, "<root>", "expected a mapping of workload fields")
+    try:
+        return Workload.model_validate(data)
+    except ValidationError as err:
+        key, msg = _format_error(err)
+        raise SpecError(path, key, msg) from None
+
+
+@functools.lru_cache(maxsize=64)
+def load_workload(name_or_path: str) -> Workload:
+    """Load and validate a profile by name (`agentx`) or by path to a YAML file."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = WORKLOADS_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ServecastError(f"unknown workload {name_or_path!r}; allowed: "
+                             f"{', '.join(list_workloads())} or a path to a .yaml profile")
+    try:
+        data = load_yaml(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(path, "<root>", f"not valid YAML ({err.__class__.__name__})") from None
+    return workload_from_dict(data, path)
+
+
+# ------------------------------------------------------------------ load models
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """`concurrency` sessions (lanes) each loop request -> response -> gap, as AgentX replays.
+
+    Gaps (tool/think time) come from the workload, capped at `gap_cap_s` (InferenceX caps each
+    trajectory's idle time at 300 s); profiles without gaps (fixed-length) loop back-to-back, as
+    `vllm bench serve --max-concurrency` does. While no request is in flight anywhere, the replay
+    skips ahead so that no all-idle interval lasts longer than `idle_cap_s` (AIPerf
+    --system-idle-gap-cap-seconds 10; model.specs.idle_cap); None keeps every gap.
+    """
+
+    concurrency: int
+    gap_cap_s: float = TURN_GAP_CAP_S
+    idle_cap_s: float | None = SYSTEM_IDLE_CAP_S
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1:
+            raise ServecastError(f"load: concurrency: must be an integer >= 1, got "
+                                 f"{self.concurrency!r}")
+        if not self.gap_cap_s >= 0:
+            raise ServecastError(f"load: gap_cap_s: must be >= 0, got {self.gap_cap_s!r}")
+        if self.idle_cap_s is not None and not self.idle_cap_s >= 0:
+            raise ServecastError(f"load: idle_cap_s: must be >= 0 seconds or None (off), got "
+                                 f"{self.idle_cap_s!r}")
+
+
+@dataclass(frozen=True)
+class OpenLoop:
+    """Requests arrive at `rate_per_s` with inter-arrival coefficient of variation
+    `interarrival_cv` (1 = Poisson; the simulator draws gamma inter-arrivals)."""
+
+    rate_per_s: float
+    interarrival_cv: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.rate_per_s) and self.rate_per_s > 0):
+            raise ServecastError(f"load: rate_per_s: must be > 0, got {self.rate_per_s!r}")
+        if not (np.isfinite(self.interarrival_cv) and self.interarrival_cv > 0):
+            raise ServecastError(f"load: interarrival_cv: must be > 0, got "
+                                 f"{self.interarrival_cv!r}")
+
+    @staticmethod
+    def from_workload(workload: Workload, rate_scale: float = 1.0) -> OpenLoop:
+        """The arrival process recorded in a trace-derived profile (optionally scaled)."""
+        if workload.arrivals is None:
+            raise ServecastError(f"workload {workload.name}: arrivals: profile has no recorded "
+                                 "arrival process; give a rate")
+        return OpenLoop(workload.arrivals.rate_per_s * rate_scale,
+                        workload.arrivals.interarrival_cv)
+
+
+@dataclass(frozen=True)
+class TraceArrivals:
+    """Trace-driven open loop: request i arrives at `arrival_s[i]` with its own lengths."""
+
+    arrival_s: np.ndarray
+    context_tokens: np.ndarray
+    uncached_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    @property
+    def rate_per_s(self) -> float:
+        span = float(np.ptp(self.arrival_s))
+        return len(self.arrival_s) / span if span > 0 else float("inf")
+
+    @property
+    def interarrival_cv(self) -> float:
+        gaps = np.diff(np.sort(self.arrival_s))
+        return float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else 1.0
+
+    def mix(self) -> RequestMix:
+        return RequestMix(self.context_tokens.astype(float), self.uncached_tokens.astype(float),
+                          self.output_tokens.astype(float), np.zeros(len(self.arrival_s)))
+
+
+Load = ClosedLoop | OpenLoop | TraceArrivals
+
+
+def trace_arrivals(sessions, time_scale: float = 1.0) -> TraceArrivals:
+    """Trace-driven arrivals from `model.specs.traces` sessions: every request at its recorded time
+    (divided by `time_scale` to replay faster), uncached tokens from an infinite per-root-session
+    prefix cache over its `hash_ids` (the whole prompt where a trace has none)."""
+    rows = []
+    seen: dict[str, set] = {}
+    reqs = sorted(((r.t_s, s, r) for s in sessions for r in s.requests), key=lambda x: x[0])
+    for t, s, r in reqs:
+        cached = 0
+        if r.hash_ids is not None and r.block_tokens:
+            pool = seen.setdefault(s.root_id or s.session_id, set())
+            run = 0
+            for h in r.hash_ids.tolist():
+                if h not in pool:
+                    break
+                run += 1
+            cached = min(r.input_tokens, run * r.block_tokens)
+            pool.update(r.hash_ids.tolist())
+        rows.append((t / time_scale, r.input_tokens, max(r.input_tokens - cached, 1),
+                     max(r.output_tokens, 1)))
+    if not rows:
+        raise ServecastError("trace: no requests to replay")
+    arr = np.array(rows, float)
+    return TraceArrivals(arr[:, 0] - arr[0, 0], arr[:, 1], arr[:, 2], arr[:, 3])
+
+
+class RecordedWorkload:
+    """Recorded sessions (AgentX traces, via `model.specs.traces`) used in place of a fitted profile:
+    closed-loop lanes replay them turn by turn with their recorded think times, as the AgentX
+    replay does; the closed form reads the same requests as its request mix.
+
+    Per request: context = `in`, uncached = the part after the longest run of already-seen
+    `hash_ids` in its root session (infinite per-session cache), gap = recorded think time.
+    Subagent requests are spliced into the parent's timeline at their recorded times.
+    """
+
+    kind = "sessions"
+
+    def __init__(self, sessions, name: str = "recorded") -> None:
+        by_root: dict[str, list] = {}
+        for s in sessions:
+            by_root.setdefault(s.root_id or s.session_id, []).extend(
+                (r.t_s, s.kind != "main", r) for r in s.requests)
+        self.name = name
+        self.specs: list[SessionSpec] = []
+        for rows in by_root.values():
+            rows.sort(key=lambda x: x[0])
+            seen: set = set()
+            ctx, unc, out, gap, sub = [], [], [], [], []
+            for _, is_sub, r in rows:
+                cached = 0
+                if r.hash_ids is not None and r.block_tokens:
+                    run = 0
+                    for h in r.hash_ids.tolist():
+                        if h not in seen:
+                            break
+                        run += 1
+                    cached = min(r.input_tokens, run * r.block_tokens)
+                    seen.update(r.hash_ids.tolist())
+                ctx.append(max(r.input_tokens, 1))
+                unc.append(max(r.input_tokens - cached, 1))
+                out.append(max(r.output_tokens, 1))
+                gap.append(max(r.think_time_s, 0.0))
+                sub.append(is_sub)
+            if ctx:
+                gap[0] = 0.0
+                self.specs.append(SessionSpec(np.array(ctx, float), np.array(unc, float),
+                                              np.array(out, float), np.array(gap, float),
+                                              np.array(sub, bool)))
+        if not self.specs:
+            raise ServecastError("trace: no requests to replay")
+        mix = self.request_mix()
+        self.hit_rate = mix.hit_rate
+
+    def sessions(self, n: int, seed: int = 0) -> list[SessionSpec]:
+        """`n` recorded sessions in a seeded random order (cycling through the recording)."""
+        rng = np.random.default_rng(seed)
+        order = np.concatenate([rng.permutation(len(self.specs))
+                                for _ in range(n // len(self.specs) + 1)])[:n]
+        return [self.specs[i] for i in order]
+
+    def request_mix(self, n: int = 0, seed: int = 0, hit_rate: float | None = None
+                    ) -> RequestMix:
+        if hit_rate is not None:
+            raise ServecastError("trace: hit_rate: a recorded trace brings its own cache hits")
+        return RequestMix(*(np.concatenate([getattr(s, f) for s in self.specs])
+                            for f in ("context_tokens", "uncached_tokens", "output_tokens",
+                                      "gap_s")))
+
+    def model_dump_json(self) -> str:  # cache key for the serving model's request mix
+        return f"recorded:{self.name}:{id(self)}"

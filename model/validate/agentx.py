@@ -1,0 +1,213 @@
+"""Held-out check of the serving model against measured InferenceX AgentX runs.
+
+`python -m model.validate.agentx [--report]` predicts every run of
+data/benchmarks/inferencex_agentx_2026-09-15.csv that data/benchmarks/inferencex_agentx_deployments.yaml
+maps to a deployment (DeepSeek V4 Pro, Kimi K3 and MiniMax M3 on vLLM and Dynamo + vLLM, B200 to
+GB300 and H200, aggregated and disaggregated, 1 to 1,152 sessions) with `plan` restricted to the
+run's deployment, and prints (or writes to data/benchmarks/inferencex_agentx_check.md) the
+relative errors of TPGS, P90 interactivity and P90 TTFT. Nothing here is fitted: these runs are
+outside the calibration set, so the table says how far the model carries.
+
+Each group's deployment (plan, worker counts, scheduler knobs, speculative decoding per
+concurrency) is read from its InferenceX recipe (the YAML names file and commit); precision, KV
+dtype and the draft's acceptance length come from data/deployments/ as `plan` serves them.
+Traffic is `agentx-v1` (the AgentX v1.0 traffic these runs replay).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from model import ROOT
+from model.specs.errors import ServecastError
+
+RUNS = ROOT / "data" / "benchmarks" / "inferencex_agentx_2026-09-15.csv"
+DEPLOYMENTS = ROOT / "data" / "benchmarks" / "inferencex_agentx_deployments.yaml"
+REPORT = ROOT / "data" / "benchmarks" / "inferencex_agentx_check.md"
+WORKLOAD = "agentx-v1"
+ARCHES = {"dsv4": "deepseek-v4-pro", "kimik3": "kimi-k3", "minimaxm3": "minimax-m3"}
+CHIPS = {"b200": "b200", "b300": "b300", "gb200": "gb200-nvl72", "gb300": "gb300-nvl72",
+         "h200": "h200-sxm"}
+COLUMNS = {"metrics.tput_per_gpu": "tpgs", "metrics.p90_intvty": "p90_interactivity",
+           "metrics.median_intvty": "p50_interactivity", "metrics.p90_ttft": "p90_ttft",
+           "total_gpus": "gpus"}
+METRICS = {"tpgs": "tpgs", "p90_interactivity": "p90_interactivity_tok_s",
+           "p90_ttft": "p90_ttft_s"}
+BANDS = ((1, 4, "1-4 sessions"), (5, 24, "5-24"), (25, 99, "25-99"), (100, 10**6, "100+"))
+
+
+def load_runs(path: Path = RUNS) -> pd.DataFrame:
+    runs = pd.read_csv(path).rename(columns=COLUMNS)
+    runs["disagg"] = runs["disagg"].astype(str).str.lower() == "true"
+    return runs
+
+
+def load_groups(path: Path = DEPLOYMENTS) -> list[dict]:
+    from model.specs.specio import load_yaml
+
+    return list(load_yaml(path.read_text())["groups"])
+
+
+def _group_runs(runs: pd.DataFrame, g: dict) -> pd.DataFrame:
+    return runs[(runs.model == g["model"]) & (runs.hardware == g["hardware"])
+                & (runs.framework == g["framework"]) & (runs.disagg == bool(g["disagg"]))
+                & (runs.gpus == int(g["gpus"])) & runs.conc.isin(g["conc"])]
+
+
+def _spec_by_concurrency(g: dict, arch: str, hw) -> dict[int, tuple[int, float, str]]:
+    """Speculative decoding per concurrency: the family recipe's, or fewer drafts (acceptance
+    length through model.specs.recipes.acceptance_for_tokens), or off."""
+    from model.specs.recipes import SPEC_OFF, acceptance_for_tokens, recipe_for
+
+    tokens, al, method = recipe_for(arch).spec_on(hw)
+    out = {}
+    for c in g["conc"]:
+        k = (g.get("spec") or {}).get(c, tokens)
+        if k in ("off", 0, None):
+            out[c] = SPEC_OFF
+        else:
+            out[c] = (int(k), acceptance_for_tokens(tokens, al, int(k)), method)
+    return out
+
+
+def _pick(cands: pd.DataFrame, g: dict, conc: int) -> pd.Series:
+    c = cands[cands.concurrency == conc]
+    if g["mode"] == "aggregated":
+        c = c[(c["mode"] == "aggregated") & (c["plan"] == g["plan"]) & (c["replicas"] == 1)
+              & (c["interval"] == int(g.get("prefill_schedule_interval", 1)))]
+    else:
+        c = c[(c["mode"] == "disaggregated") & (c["plan"] == g["prefill"])
+              & (c["decode_plan"] == g["decode"]) & (c["x"] == int(g["x"]))
+              & (c["y"] == int(g["y"]))]
+    if c.empty:
+        raise LookupError(f"{DEPLOYMENTS.name}: {g['model']} on {g['gpus']} x {g['hardware']}: "
+                          f"no {g.get('plan') or g['prefill'] + ' / ' + g['decode']} candidate "
+                          f"at concurrency {conc}")
+    return c.iloc[0]
+
+
+def predict_group(g: dict, runs: pd.DataFrame) -> list[dict]:
+    """One row per measured run of group `g`: measured and predicted metrics, relative errors
+    (model / measured - 1). One `plan` call per speculative setting covers its concurrencies."""
+    from model.plan.planner import plan
+    from model.specs.hardware import load_hardware
+
+    arch, chip = ARCHES[g["model"]], CHIPS[g["hardware"]]
+    hw = load_hardware(chip)
+    spec = _spec_by_concurrency(g, arch, hw)
+    mode = g["mode"]
+    out = []
+    for setting in sorted(set(spec.values())):
+        conc = sorted(c for c in g["conc"] if spec[c] == setting)
+        cands = plan(arch, chip, int(g["gpus"]), WORKLOAD, 0.0, concurrency=conc, modes=(mode,),
+                     max_num_batched_tokens=int(g["max_num_batched_tokens"]),
+                     long_prefill_token_threshold=int(g.get("long_prefill_token_threshold", 0)),
+                     spec_tokens=setting[0], acceptance_length=setting[1] or None,
+                     spec_method=setting[2]).candidates
+        for _, run in runs[runs.conc.isin(conc)].iterrows():
+            hit = _pick(cands, g, int(run.conc))
+            row = {"id": int(run.id), "model": g["model"], "hardware": g["hardware"],
+                   "framework": g["framework"], "mode": mode, "gpus": int(run.gpus),
+                   "deployment": g.get("plan") or f"{g['x']}P {g['prefill']} + {g['y']}D "
+                                                  f"{g['decode']}",
+                   "frontend": g.get("frontend", ""), "concurrency": int(run.conc),
+                   "spec_tokens": setting[0]}
+            for name, col in METRICS.items():
+                m, p = float(run[name]), float(hit[col])
+                row |= {f"{name}_measured": m, f"{name}_model": p, f"{name}_err": p / m - 1}
+            out.append(row)
+    return out
+
+
+def predict(runs: pd.DataFrame | None = None, groups: list[dict] | None = None
+            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(predictions, unmapped runs): every run a deployment group maps, and the rest."""
+    runs = load_runs() if runs is None else runs
+    groups = load_groups() if groups is None else groups
+    rows, mapped = [], set()
+    for g in groups:
+        sel = _group_runs(runs, g)
+        if sel.empty:
+            raise ServecastError(f"{DEPLOYMENTS.name}: group {g['model']} / {g['hardware']} / "
+                                 f"{g['gpus']} GPUs matches no run of {RUNS.name}")
+        rows += predict_group(g, sel)
+        mapped |= set(sel.id)
+    return pd.DataFrame(rows), runs[~runs.id.isin(mapped)]
+
+
+def _band(conc: pd.Series) -> pd.Series:
+    out = pd.Series("", index=conc.index)
+    for lo, hi, name in BANDS:
+        out[(conc >= lo) & (conc <= hi)] = name
+    return out
+
+
+def summary(table: pd.DataFrame, by: str = "model") -> pd.DataFrame:
+    """Median relative error and median |error| per metric, by `by` and load band."""
+    t = table.assign(band=_band(table.concurrency))
+    rows = []
+    order = {name: i for i, (_, _, name) in enumerate(BANDS)}
+    groups = sorted(t.groupby([by, "band"]), key=lambda kv: (kv[0][0], order[kv[0][1]]))
+    for key, grp in [(("all", "all"), t)] + groups:
+        row = {by: key[0], "band": key[1], "runs": len(grp)}
+        for m in METRICS:
+            e = grp[f"{m}_err"].to_numpy()
+            row |= {m: float(np.median(e)), f"|{m}|": float(np.median(np.abs(e)))}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.0f}%"
+
+
+def write_report(table: pd.DataFrame, unmapped: pd.DataFrame, path: Path = REPORT) -> str:
+    lines = ["# Held-out: InferenceX AgentX runs of DeepSeek V4 Pro, Kimi K3 and MiniMax M3 "
+             "(2026-09-15)", "",
+             "Generated by `python -m model.validate.agentx --report`; do not edit. Measured: "
+             f"`{RUNS.relative_to(ROOT)}`; deployments read from the InferenceX recipes: "
+             f"`{DEPLOYMENTS.relative_to(ROOT)}` (sources in data/benchmarks/README.md). Model: "
+             "`plan` on each run's deployment, traffic agentx-v1; nothing fitted to these runs. "
+             "Error = model / measured - 1. P90 interactivity is 1 / P90 of per-request TPOT, as "
+             "InferenceX reports it. `frontend`: python = vLLM's OpenAI server, rust = "
+             "VLLM_USE_RUST_FRONTEND=1, dynamo = the Dynamo frontend.", "",
+             f"{len(table)} runs predicted; {len(unmapped)} runs of the file have no deployment "
+             "mapped (see the YAML's header for why).", "",
+             "Median error (median |error|) by model and load band:", "",
+             "| model | sessions | runs | TPGS | P90 interactivity | P90 TTFT |",
+             "|---|---|---:|---:|---:|---:|"]
+    for d in summary(table).to_dict("records"):
+        lines.append(f"| {d['model']} | {d['band']} | {d['runs']} | " + " | ".join(
+            f"{_pct(d[m])} ({d['|' + m + '|'] * 100:.0f}%)" for m in METRICS) + " |")
+    lines += ["", "| id | model | chip | deployment | frontend | sessions | TPGS meas | model | "
+              "err | P90 int. meas | model | err | P90 TTFT meas (s) | model | err |",
+              "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in table.sort_values(["model", "hardware", "gpus", "deployment",
+                                "concurrency"]).itertuples():
+        lines.append(
+            f"| {r.id} | {r.model} | {r.hardware} | {r.deployment} | {r.frontend} | "
+            f"{r.concurrency} | {r.tpgs_measured:,.0f} | {r.tpgs_model:,.0f} | "
+            f"{_pct(r.tpgs_err)} | {r.p90_interactivity_measured:.1f} | "
+            f"{r.p90_interactivity_model:.1f} | {_pct(r.p90_interactivity_err)} | "
+            f"{r.p90_ttft_measured:.2f} | {r.p90_ttft_model:.2f} | {_pct(r.p90_ttft_err)} |")
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    table, unmapped = predict()
+    if "--report" in argv:
+        print(write_report(table, unmapped))
+    else:
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(summary(table).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+
+if __name__ == "__main__":
+    main()
