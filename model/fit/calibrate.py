@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, replace
 from functools import cache
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -36,7 +35,8 @@ from scipy.optimize import least_squares
 
 from model import ROOT
 from model.perf import comm, kernels, roofline
-from model.perf.kernels import REFERENCE_MAMF, KernelParams
+from model.perf.kernels import KernelParams
+from model.specs.hardware import Hardware, load_hardware
 from model.specs.layers import Attention, Indexer
 
 OPS_DIR = ROOT / "data" / "calibration" / "ops"
@@ -50,36 +50,9 @@ DATASET = "aiconfigurator-core 0.12.0 silicon tables (vLLM 0.24.0 kernels), data
 DTYPE = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4",
          "w4a16_mxfp4": "mxfp4", "int4_wo": "int4_group128", "w4a8_mxfp4_mxfp8": "mxfp4"}
 
-# Peaks and bandwidths of the measured chips, used only when hardware/<chip>.yaml is not loadable
-# (research/hardware.md §1-2: dense bf16/fp8/fp4 TFLOP/s, HBM TB/s, NVLink per direction).
-_FALLBACK_SPECS = {
-    "h100_sxm": ({"bf16": 989.4e12, "fp8": 1978.9e12}, 3.35e12, 450e9),
-    "h200_sxm": ({"bf16": 989.4e12, "fp8": 1978.9e12}, 4.8e12, 450e9),
-    "b200_sxm": ({"bf16": 2250e12, "fp8": 4500e12, "fp4": 9000e12}, 8.0e12, 900e9),
-}
-
-
-class _SpecDouble(SimpleNamespace):
-    def peak(self, rate: str) -> float:
-        from model.specs.errors import Infeasible
-        if rate not in self.peak_flops_per_s:
-            raise Infeasible(f"{self.name} has no {rate} rate")
-        return self.peak_flops_per_s[rate]
-
-
-@cache
-def chip_spec(chip: str):
-    """The Hardware spec of a measured chip (hardware/*.yaml), or the research-table fallback."""
-    try:
-        from model.specs.hardware import load_hardware
-        return load_hardware(chip)
-    except Exception:  # noqa: BLE001 - spec file not written yet: use the research figures
-        peaks, hbm, nvlink = _FALLBACK_SPECS[chip]
-        return _SpecDouble(name=chip, aliases=(chip,), calibration_reference=chip,
-                           peak_flops_per_s=peaks, hbm_bandwidth_bytes_per_s=hbm,
-                           scale_up_bandwidth_bytes_per_s=nvlink, scale_up_domain_gpus=8,
-                           scale_out_bandwidth_bytes_per_s=50e9,
-                           mamf_efficiency=REFERENCE_MAMF[chip])
+def chip_spec(chip: str) -> Hardware:
+    """The Hardware spec of a measured chip (hardware/*.yaml; `h100_sxm` etc. are aliases)."""
+    return load_hardware(chip)
 
 
 @cache
@@ -731,7 +704,7 @@ def transfer_check(reference: str, target: str, fitted: dict, log=print) -> list
     target's own peaks and bandwidths). Returns one report row per op class and key."""
     ref = fitted[reference]
     ref_mamf = kernels.reference_mamf(reference)
-    tgt_mamf = dict(getattr(chip_spec(target), "mamf_efficiency", None) or REFERENCE_MAMF[target])
+    tgt_mamf = dict(chip_spec(target).mamf_efficiency)
     out = []
 
     def transferred(op_class, key):
@@ -815,7 +788,7 @@ def write_fits(fitted: dict, today: str) -> None:
                      "over shape groups, median absolute percentage error",
            "chips": fitted}
     kernels.KERNELS_YAML.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
-    kernels.clear_cache()
+    roofline.clear_cache()
     comm.clear_cache()
 
 

@@ -32,7 +32,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from model.perf.kernels import MEASURED_CHIPS, _chip_key, fitted_table
+from model.perf import kernels
+from model.perf.kernels import MEASURED_CHIPS, fitted_table, measured_chip
 from model.specs.errors import Infeasible
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
@@ -78,21 +79,16 @@ def algorithm_factor(op: str, n):
     raise Infeasible(f"collective {op!r} unknown; allowed: {', '.join(OPS)}")
 
 
-_FAST: dict = {}  # (id(hw), op, algorithm) -> (hw, params), identity-checked
-
-
+@lru_cache(maxsize=512)
 def comm_params(hw, op: str, algorithm: str = "nccl") -> CommParams:
-    hit = _FAST.get((id(hw), op, algorithm))
-    if hit is not None and hit[0] is hw:
-        return hit[1]
-    params = _comm_params(_chip_key(hw), str(getattr(hw, "calibration_reference", "") or ""),
-                          op, algorithm)
-    _FAST[(id(hw), op, algorithm)] = (hw, params)
-    return params
+    """Fitted (or transferred, or default) curve of one collective on chip `hw`."""
+    return _comm_params(measured_chip(hw), str(hw.calibration_reference or ""), op, algorithm)
 
 
 def clear_cache() -> None:
-    _FAST.clear()
+    """Forget loaded parameters (after `python -m model.fit.calibrate` rewrites kernels.yaml)."""
+    kernels.clear_cache()
+    comm_params.cache_clear()
     _comm_params.cache_clear()
 
 

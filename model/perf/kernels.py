@@ -32,10 +32,11 @@ from pathlib import Path
 from model import ROOT
 from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError
+from model.specs.hardware import CALIBRATION_REFERENCES, load_hardware
 from model.specs.specio import load_yaml
 
 KERNELS_YAML = ROOT / "data" / "calibration" / "kernels.yaml"
-MEASURED_CHIPS = ("h100_sxm", "h200_sxm", "b200_sxm")
+MEASURED_CHIPS = CALIBRATION_REFERENCES
 
 
 @dataclass(frozen=True)
@@ -119,19 +120,14 @@ def _rate_or_none(name: str) -> str | None:
         return None
 
 
-def _chip_key(hw) -> str:
+def measured_chip(hw) -> str:
     """Measured-data name of this chip if it is one of the measured ones, else ''."""
     names = {str(hw.name).lower().replace("-", "_")}
-    names.update(str(a).lower().replace("-", "_") for a in getattr(hw, "aliases", ()) or ())
+    names.update(str(a).lower().replace("-", "_") for a in hw.aliases or ())
     for chip in MEASURED_CHIPS:
         if chip in names or chip.removesuffix("_sxm") in names:
             return chip
     return ""
-
-
-def mamf(hw, rate: str) -> float | None:
-    table = getattr(hw, "mamf_efficiency", None) or {}
-    return table.get(rate)
 
 
 def mamf_ratio(target_mamf: dict, reference_mamf: dict, rate: str) -> float:
@@ -144,40 +140,17 @@ def mamf_ratio(target_mamf: dict, reference_mamf: dict, rate: str) -> float:
     return 1.0
 
 
-# Sourced MAMF efficiencies of the measured chips (research/hardware.md §1.1, stas00
-# ml-engineering, 2025-2026): the denominator of the transfer ratio when the reference chip's
-# hardware spec cannot be loaded (hardware/*.yaml carries the same figures).
-REFERENCE_MAMF = {
-    "h100_sxm": {"bf16": 0.803, "fp8": 0.709},
-    "h200_sxm": {"bf16": 0.80, "fp8": 0.734},
-    "b200_sxm": {"bf16": 0.776, "fp8": 0.763},
-}
-
-
 @lru_cache(maxsize=8)
 def reference_mamf(chip: str) -> dict:
-    """MAMF efficiencies of a measured chip: from its hardware spec, else the table above."""
-    try:
-        from model.specs.hardware import load_hardware
-        table = dict(load_hardware(chip).mamf_efficiency)
-    except Exception:  # noqa: BLE001 - spec not loadable (tests with doubles): research table
-        table = {}
-    return table or dict(REFERENCE_MAMF[chip])
+    """MAMF efficiencies of a measured chip, from its hardware spec (hardware/*.yaml)."""
+    return dict(load_hardware(chip).mamf_efficiency)
 
 
-_FAST: dict = {}  # (id(hw), op_class, rate) -> (hw, params): hot-loop cache, identity-checked
-
-
+@lru_cache(maxsize=4096)
 def params_for(hw, op_class: str, rate: str) -> KernelParams:
     """Efficiency curve for `op_class` at `rate` on chip `hw` (fitted, transferred or default)."""
-    hit = _FAST.get((id(hw), op_class, rate))
-    if hit is not None and hit[0] is hw:
-        return hit[1]
-    params = _params_cached(_chip_key(hw), str(getattr(hw, "calibration_reference", "") or ""),
-                            tuple(sorted((getattr(hw, "mamf_efficiency", None) or {}).items())),
-                            op_class, rate)
-    _FAST[(id(hw), op_class, rate)] = (hw, params)
-    return params
+    return _params_cached(measured_chip(hw), str(hw.calibration_reference or ""),
+                          tuple(sorted((hw.mamf_efficiency or {}).items())), op_class, rate)
 
 
 @lru_cache(maxsize=4096)
@@ -185,28 +158,21 @@ def _params_cached(chip: str, reference: str, target_mamf: tuple, op_class: str,
                    rate: str) -> KernelParams:
     if chip:
         found = _lookup(chip, op_class, rate)
-        if found is not None:
-            params, used_rate = found
-            return params
-        return default_params(op_class, rate)
+        return found[0] if found is not None else default_params(op_class, rate)
     ref = reference.lower().replace("-", "_")
     if ref not in MEASURED_CHIPS:
         return default_params(op_class, rate)
     found = _lookup(ref, op_class, rate)
     if found is None:
         return default_params(op_class, rate)
-    params, used_rate = found
+    params = found[0]
     ratio = mamf_ratio(dict(target_mamf), reference_mamf(ref), rate)
     return replace(params, compute_efficiency_max=min(1.0, params.compute_efficiency_max * ratio),
                    source=f"transfer:{ref}")
 
 
 def clear_cache() -> None:
-    """Forget loaded parameters (after `python -m model.fit.calibrate` rewrites kernels.yaml)."""
-    fitted_table.cache_clear()
-    reference_mamf.cache_clear()
-    _FAST.clear()
-    _params_cached.cache_clear()
-    from model.perf import roofline  # its per-matrix GEMM columns hold these parameters
-
-    roofline._GEMM_COLUMNS.clear()
+    """Forget loaded parameters (after `python -m model.fit.calibrate` rewrites kernels.yaml);
+    `model.perf.roofline.clear_cache` also forgets the GEMM columns built from them."""
+    for cached in (fitted_table, reference_mamf, params_for, _params_cached):
+        cached.cache_clear()

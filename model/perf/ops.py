@@ -12,14 +12,13 @@ Counts are for the whole replica (no parallel sharding; `model.perf.parallel` di
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 import sympy as sp
 
 from model.specs.dtypes import dtype
 from model.specs.layers import Architecture, Attention, Experts, Layer, Linear
-from model.specs.memo import IdentityMemo
 
 ACT_BYTES = 2.0  # bf16 activations between kernels
 STATE_BYTES = 4.0  # linear-attention recurrent state is kept in fp32 (KDA / GDN kernels)
@@ -293,22 +292,18 @@ def layer_signature(layer: Layer) -> tuple:
     return (layer.attention, layer.mlp, layer.mtp)
 
 
-_GROUPS = IdentityMemo(512)
+def grouped_layers(layers) -> tuple[tuple[Layer, int], ...]:
+    """(layer, count) per distinct layer signature, in first-seen order (cached per tuple of
+    layers: a layer's hash is computed once, see `model.specs.layers.Layer`)."""
+    return _grouped(tuple(layers))
 
 
-def grouped_layers(layers) -> list[tuple[Layer, int]]:
-    """(layer, count) per distinct layer signature, in first-seen order (memoized per tuple:
-    hashing the nested layer dataclasses is what costs)."""
-    if isinstance(layers, tuple):
-        return _GROUPS.get(layers, None, lambda: _group(layers))
-    return _group(layers)
-
-
-def _group(layers) -> list[tuple[Layer, int]]:
+@lru_cache(maxsize=512)
+def _grouped(layers: tuple[Layer, ...]) -> tuple[tuple[Layer, int], ...]:
     groups: dict[tuple, list] = {}
     for layer in layers:
         groups.setdefault(layer_signature(layer), [layer, 0])[1] += 1
-    return [(g[0], g[1]) for g in groups.values()]
+    return tuple((g[0], g[1]) for g in groups.values())
 
 
 def layer_ops(layer: Layer, count: int, step: Step, kv_dtype: str, width: int,

@@ -20,10 +20,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from model.perf.ops import grouped_layers
 from model.specs.dtypes import dtype
 from model.specs.errors import Infeasible
 from model.specs.layers import Architecture, Attention, Layer, Linear
-from model.specs.memo import IdentityMemo
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,6 @@ def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
                          f"{domain} GPUs on {getattr(hw, 'name', 'this chip')}")
     if p.pp > len(arch.main_layers):
         raise Infeasible(f"plan {p.label()}: pp={p.pp} exceeds {len(arch.main_layers)} layers")
-    from model.perf.ops import grouped_layers  # identical layers obey identical rules
-
     for layer, _ in grouped_layers(arch.main_layers):
         att = layer.attention
         if att.num_heads % p.tp:
@@ -200,16 +198,10 @@ def weight_bytes_per_gpu(arch: Architecture, plan: ParallelPlan, with_mtp: bool 
             + heads / plan.tp / plan.pp)
 
 
-_WEIGHT_CLASSES = IdentityMemo()
-
-
+@lru_cache(maxsize=256)
 def _weight_classes(arch: Architecture, with_mtp: bool) -> tuple[float, float, float, float]:
     """(TP-sharded, replicated, routed-expert, embedding + LM head) weight bytes of the
-    architecture, summed once per architecture object (plans only divide them)."""
-    return _WEIGHT_CLASSES.get(arch, with_mtp, lambda: _sum_weight_classes(arch, with_mtp))
-
-
-def _sum_weight_classes(arch: Architecture, with_mtp: bool) -> tuple[float, float, float, float]:
+    architecture, summed once per architecture (plans only divide them)."""
     sharded = replicated = experts = 0.0
     for layer in arch.main_layers + (arch.mtp_layers if with_mtp else ()):
         for lin in layer.attention.projections + layer.mlp.projections:

@@ -24,10 +24,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from model.perf import kernels
 from model.perf.kernels import KernelParams, params_for
 from model.specs.dtypes import dtype as _dtype
 from model.specs.errors import Infeasible
-from model.specs.memo import IdentityMemo
 
 ACT_BYTES = 2.0  # bf16 activations and outputs
 STATE_BYTES = 4.0  # fp32 recurrent state of linear attention (KDA/GDN kernels keep it in fp32)
@@ -46,17 +46,18 @@ ATTENTION_FAMILY = {"gqa": "gqa", "swa": "gqa", "mla": "mla", "dsa": "mla", "csa
 PHASES = ("prefill", "decode")
 
 
-_RATE_CACHE: dict = {}
-
-
+@lru_cache(maxsize=1024)
 def compute_rate(dtype_name: str, hw) -> tuple[str, float]:
     """(rate key, peak FLOP/s) a GEMM in this storage format runs at on `hw`."""
-    hit = _RATE_CACHE.get((id(hw), dtype_name))
-    if hit is not None and hit[0] is hw:
-        return hit[1]
-    out = _compute_rate(dtype_name, hw)
-    _RATE_CACHE[(id(hw), dtype_name)] = (hw, out)
-    return out
+    return _compute_rate(dtype_name, hw)
+
+
+def clear_cache() -> None:
+    """Forget loaded kernel parameters and everything built from them (after
+    `python -m model.fit.calibrate` rewrites kernels.yaml)."""
+    kernels.clear_cache()
+    for cached in (compute_rate, _capped, _gemm_columns):
+        cached.cache_clear()
 
 
 def _compute_rate(dtype_name: str, hw) -> tuple[str, float]:
@@ -136,7 +137,7 @@ def gemm_times_s(m, shapes, hw) -> np.ndarray:
     a step model prices a dozen projections per layer group in one pass instead of a dozen."""
     m = np.asarray(m, dtype=float)
     shapes = tuple(shapes)
-    columns = _GEMM_COLUMNS.get(hw, shapes, lambda: _gemm_columns(shapes, hw))
+    columns = _gemm_columns(shapes, hw)
     c, half, per_m, fixed, overhead, per_row = (
         col.reshape((-1,) + (1,) * m.ndim) for col in columns)
     t_compute = c * (m + half) * (m > 0)
@@ -144,10 +145,9 @@ def gemm_times_s(m, shapes, hw) -> np.ndarray:
     return np.maximum(t_compute, t_memory) + overhead + per_row * m
 
 
-_GEMM_COLUMNS = IdentityMemo(4096)  # (hw, shapes) -> per-matrix factors
-
-
-def _gemm_columns(shapes, hw) -> tuple[np.ndarray, ...]:
+@lru_cache(maxsize=4096)
+def _gemm_columns(shapes: tuple, hw) -> tuple[np.ndarray, ...]:
+    """Per-matrix factors of gemm_times_s (one entry per (n, k, dtype) of `shapes`)."""
     cols = []
     for n, k, dtype in shapes:
         d = lookup_dtype(dtype)

@@ -124,6 +124,17 @@ class Layer:
     mtp: bool = False  # multi-token-prediction module (draft), not in the main stack
     extra_params: int = 0  # norms, hyper-connection mixers: counted, not GEMM-shaped
 
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        # computed once: tuples of layers key the per-architecture caches of model.perf
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))
+
+    def __getstate__(self) -> dict:
+        return _without_hash(self.__dict__)
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -144,13 +155,16 @@ class Architecture:
     aliases: tuple[str, ...] = field(default=())
 
     def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
         # computed once: architectures key many caches, and hashing ~100 nested layers on every
-        # lookup cost a second per deployment search
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            self.__dict__["_hash"] = h
-        return h
+        # lookup would dominate a deployment search
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))
+
+    def __getstate__(self) -> dict:
+        return _without_hash(self.__dict__)
 
     @cached_property
     def main_layers(self) -> tuple[Layer, ...]:
@@ -159,3 +173,8 @@ class Architecture:
     @cached_property
     def mtp_layers(self) -> tuple[Layer, ...]:
         return tuple(layer for layer in self.layers if layer.mtp)
+
+
+def _without_hash(state: dict) -> dict:
+    """An object's state without its cached hash (string hashes differ between processes)."""
+    return {k: v for k, v in state.items() if k != "_hash"}
