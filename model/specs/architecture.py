@@ -11,12 +11,13 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from model import ROOT
+from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError, SpecError
 from model.specs.families import deepseek, gqa, hybrid, mixed_window
 from model.specs.families.common import Builder, Parts
@@ -223,8 +224,6 @@ def aliases_of(path: Path) -> tuple[str, ...]:
 
 @lru_cache(maxsize=256)
 def _load(path: str, name: str, hf_id: str, weight_dtype: str | None) -> Architecture:
-    from dataclasses import replace
-
     arch = build(_read_json(Path(path)), Path(path), name, hf_id, weight_dtype)
     return replace(arch, aliases=aliases_of(Path(path)))
 
@@ -234,7 +233,5 @@ def load_architecture(name_or_hf_id_or_path: str, weight_dtype: str | None = Non
     checkpoint's precision for every quantizable Linear (embeddings, head, routers stay bf16)."""
     entry = resolve(name_or_hf_id_or_path)
     if weight_dtype is not None:
-        from model.specs.dtypes import dtype
-
         weight_dtype = dtype(weight_dtype).name
     return _load(str(entry.path), entry.name, entry.hf_id, weight_dtype or entry.weight_dtype)

@@ -58,7 +58,6 @@ def _build(b: Builder, moe: dict | None) -> Parts:
     heads, kv_heads = b["num_attention_heads"], b.get("num_key_value_heads") or b[
         "num_attention_heads"]
     hd = _head_dim(b)
-    b.num_main_layers = n
     family = b.family
     # module naming of the checkpoints (for quantization ignore lists)
     mlp_prefix = "block_sparse_moe" if family in ("mixtral", "minimax_m2") else "mlp"

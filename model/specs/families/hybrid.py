@@ -79,7 +79,6 @@ def build_kimi_linear(b: Builder) -> Parts:
            "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab_size",
            "num_experts", "num_experts_per_token", "moe_intermediate_size", "intermediate_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     lac = b["linear_attn_config"]
     kda = {int(x) - 1 for x in lac.get("kda_layers") or []}  # config ids are 1-based
     full = {int(x) - 1 for x in lac.get("full_attn_layers") or []}
@@ -117,7 +116,6 @@ def build_minimax_m1(b: Builder) -> Parts:
            "attn_type_list", "num_local_experts", "num_experts_per_tok", "intermediate_size",
            "vocab_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     heads, kv, hd = b["num_attention_heads"], b["num_key_value_heads"], b.get(
         "head_dim", hidden // b["num_attention_heads"])
     types = b["attn_type_list"]
@@ -146,9 +144,8 @@ def build_minimax_m3(b: Builder) -> Parts:
            "head_dim", "num_local_experts", "num_experts_per_tok", "vocab_size")
     if b.get("moe_intermediate_size") is None:  # NVIDIA's VL export names it intermediate_size
         b.need("intermediate_size")
-        b.cfg = {**b.cfg, "moe_intermediate_size": b["intermediate_size"]}
+        b = replace(b, cfg={**b.cfg, "moe_intermediate_size": b["intermediate_size"]})
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     heads, kv, hd = b["num_attention_heads"], b["num_key_value_heads"], b["head_dim"]
     sac = b.get("sparse_attention_config") or {}
     sparse = list(sac.get("sparse_attention_freq") or [0] * n) if sac.get(
@@ -206,7 +203,6 @@ def build_qwen_next(b: Builder) -> Parts:
            "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
            "linear_value_head_dim", "vocab_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     types = layer_types(b, n)
     interval = b.get("full_attention_interval", 4)
     if types is None:
@@ -297,7 +293,6 @@ def build_nemotron_h(b: Builder) -> Parts:
         pending = None
 
     n_main = len(blocks)
-    b.num_main_layers = n_main
     for j, kind in enumerate(list(blocks) + mtp_blocks):
         mtp = j >= n_main
         if kind not in ("mamba", "attention", "mlp", "moe"):
@@ -316,7 +311,6 @@ def build_nemotron_h(b: Builder) -> Parts:
             flush(_nemotron_ffn(b, j, hidden, kind))
     if pending:
         flush(Mlp("none", ()))
-    b.num_main_layers = sum(1 for layer in layers if not layer.mtp)
     return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
                  int(b.get("max_position_embeddings", 0)))
 

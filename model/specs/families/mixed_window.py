@@ -20,7 +20,6 @@ def build_llama4(b: Builder) -> Parts:
            "num_local_experts", "num_experts_per_tok", "intermediate_size",
            "intermediate_size_mlp", "vocab_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     heads, kv = b["num_attention_heads"], b["num_key_value_heads"]
     hd = b.get("head_dim") or hidden // heads
     rope = b.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n)]
@@ -52,7 +51,6 @@ def build_gemma4(b: Builder) -> Parts:
     b.need("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
            "head_dim", "intermediate_size", "vocab_size", "layer_types")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     types = layer_types(b, n)
     heads = b["num_attention_heads"]
     k_eq_v = bool(b.get("attention_k_eq_v"))
@@ -89,7 +87,6 @@ def build_step3p7(b: Builder) -> Parts:
            "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok",
            "moe_intermediate_size", "vocab_size", "layer_types")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     types = layer_types(b, n)
     n_mtp = int(b.get("num_nextn_predict_layers") or 0)
     layers = []
@@ -117,7 +114,6 @@ def build_mimo_v2(b: Builder) -> Parts:
            "head_dim", "hybrid_layer_pattern", "moe_layer_freq", "n_routed_experts",
            "num_experts_per_tok", "moe_intermediate_size", "intermediate_size", "vocab_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     pattern, moe_freq = b["hybrid_layer_pattern"], b["moe_layer_freq"]
     layers = []
     for i in range(n):
