@@ -33,7 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from model.perf import kernels
-from model.perf.kernels import MEASURED_CHIPS, fitted_table, measured_chip
+from model.perf.kernels import MEASURED_CHIPS, fitted_table, measured_chip, saturating
 from model.specs.errors import Infeasible
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
@@ -52,11 +52,9 @@ class CommParams:
     half_ranks: float = 0.0  # rank count at which half of it is reached (0: no rank effect)
     source: str = "default"
 
-    def efficiency(self, size_bytes, n=None):
-        eff = self.bus_efficiency_max * size_bytes / (size_bytes + self.half_bytes)
-        if n is not None and self.half_ranks:
-            eff = eff * n / (n + self.half_ranks)
-        return eff
+    def efficiency(self, size_bytes, ranks=None):
+        return saturating(self.bus_efficiency_max, size_bytes, self.half_bytes, ranks,
+                          self.half_ranks)
 
 
 # research/hardware.md §2.1/§6: large-message all-reduce busbw ~0.92 of unidirectional NVLink,

@@ -39,6 +39,15 @@ KERNELS_YAML = ROOT / "data" / "calibration" / "kernels.yaml"
 MEASURED_CHIPS = CALIBRATION_REFERENCES
 
 
+def saturating(ceiling: float, x, half_x: float, y=None, half_y: float = 0.0):
+    """ceiling * x / (x + half_x) [* y / (y + half_y)]: the efficiency curve of every calibrated
+    op, rising with its size x (and a second size y, where half_y is set) to `ceiling`."""
+    eff = ceiling * x / (x + half_x)
+    if y is not None and half_y:
+        eff = eff * y / (y + half_y)
+    return eff
+
+
 @dataclass(frozen=True)
 class KernelParams:
     """Efficiency curve of one op class on one chip at one rate."""
@@ -52,10 +61,7 @@ class KernelParams:
     source: str = "default"  # "fitted:<chip>", "transfer:<ref>", or "default"
 
     def compute_efficiency(self, m, k=None):
-        eff = self.compute_efficiency_max * m / (m + self.half_tokens)
-        if k is not None and self.half_k:
-            eff = eff * k / (k + self.half_k)
-        return eff
+        return saturating(self.compute_efficiency_max, m, self.half_tokens, k, self.half_k)
 
 
 # research/hardware.md §6 recommended defaults (NVIDIA: GEMM 0.75, FP4 0.65, HBM streaming 0.85,

@@ -46,8 +46,18 @@ FAMILIES: dict[str, tuple[str, Callable[[Builder], Parts]]] = {
     "qwen3_vl_moe_text": ("qwen3_moe", gqa.build_moe),
     "minimax_m2": ("minimax_m2", gqa.build_moe),
     "gpt_oss": ("gpt_oss", gqa.build_moe),
-    **hybrid.FAMILIES,
-    **mixed_window.FAMILIES,
+    "kimi_linear": ("kimi_linear", hybrid.build_kimi_linear),
+    "minimax_m1": ("minimax_m1", hybrid.build_minimax_m1),
+    "minimax_m3": ("minimax_m3", hybrid.build_minimax_m3),
+    "minimax_m3_vl": ("minimax_m3", hybrid.build_minimax_m3),
+    "qwen3_next": ("qwen3_next", hybrid.build_qwen_next),
+    "qwen3_5_text": ("qwen3_next", hybrid.build_qwen_next),
+    "qwen3_5_moe_text": ("qwen3_next", hybrid.build_qwen_next),
+    "nemotron_h": ("nemotron_h", hybrid.build_nemotron_h),
+    "llama4_text": ("llama4", mixed_window.build_llama4),
+    "gemma4_text": ("gemma4", mixed_window.build_gemma4),
+    "step3p7": ("step3p7", mixed_window.build_step3p7),
+    "mimo_v2_flash": ("mimo_v2", mixed_window.build_mimo_v2),
 }
 # model_types seen in data/architectures/ that model.specs.layers cannot express yet, with the reason
 UNSUPPORTED: dict[str, str] = {

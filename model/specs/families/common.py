@@ -89,6 +89,18 @@ class Builder:
     def experts_dtype(self, layer: int, local: str) -> str:
         return self.quant.dtype_for(self.module(layer, local))
 
+    def parts(self, layers: list[Layer], *, tie_default: bool = False,
+              max_context: int | None = None, default_kv_dtype: str = "bf16",
+              hyper_connections: int = 1,
+              embedding_names: tuple[str, str] = ("embed_tokens", "lm_head")) -> Parts:
+        """The Parts of a finished layer stack; tied embeddings and the context length as the
+        config states them (`tie_default` where it does not say)."""
+        context = (int(self.get("max_position_embeddings", 0)) if max_context is None
+                   else int(max_context))
+        return Parts(tuple(layers), self["hidden_size"], self["vocab_size"],
+                     bool(self.get("tie_word_embeddings", tie_default)), context,
+                     default_kv_dtype, hyper_connections, embedding_names)
+
 
 def gqa(b: Builder, i: int, heads: int, kv_heads: int, head_dim: int, hidden: int, *,
         kind: str = "gqa", window: int | None = None, prefix: str = "self_attn",

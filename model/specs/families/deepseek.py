@@ -91,8 +91,7 @@ def build_mla(b: Builder) -> Parts:
             attention = _with_extra(attention, _mtp_extra(b, i, hidden))
         layers.append(Layer(i, attention, _mlp(b, i), mtp=mtp,
                             extra_params=norms(hidden) + (3 * hidden if mtp else 0)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def _with_extra(attention: Attention, extra: tuple[Linear, ...]) -> Attention:
@@ -167,6 +166,5 @@ def build_v4(b: Builder) -> Parts:
         # mHC mixers (hc_fn per attn and ffn: (2+hc)*hc outputs from hc*hidden inputs) and norms
         mix = 2 * (2 + hc) * hc * hc * hidden if hc > 1 else 0
         layers.append(Layer(i, attention, mlp, mtp=mtp, extra_params=norms(hidden) + mix))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)), default_kv_dtype="fp8",
-                 hyper_connections=int(hc), embedding_names=("embed", "head"))
+    return b.parts(layers, default_kv_dtype="fp8", hyper_connections=int(hc),
+                   embedding_names=("embed", "head"))

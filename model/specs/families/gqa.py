@@ -82,8 +82,7 @@ def _build(b: Builder, moe: dict | None) -> Parts:
         if family == "gpt_oss":
             extra += heads  # attention sinks: one learned logit per head
         layers.append(Layer(i, attention, mlp, mtp=i >= n, extra_params=extra))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def _mtp_layers(b: Builder) -> int:

@@ -105,8 +105,7 @@ def build_kimi_linear(b: Builder) -> Parts:
                           expert_hidden=latent, extra=extra)
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden)))
     max_ctx = b.get("max_position_embeddings") or b.get("model_max_length") or 0
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(max_ctx))
+    return b.parts(layers, max_context=max_ctx)
 
 
 # --- MiniMax M1 (lightning) and M3 (MSA) -------------------------------------------------------
@@ -135,8 +134,7 @@ def build_minimax_m1(b: Builder) -> Parts:
                       prefix="block_sparse_moe",
                       shared_inter=int(b.get("shared_intermediate_size") or 0))
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def build_minimax_m3(b: Builder) -> Parts:
@@ -180,8 +178,7 @@ def build_minimax_m3(b: Builder) -> Parts:
             mlp = dense_mlp(b, i, hidden, b.get("dense_intermediate_size")
                             or b["intermediate_size"])
         layers.append(Layer(i, attention, mlp, mtp=i >= n, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 # --- Qwen3-Next / Qwen3.5 / Qwen3.6 (Gated DeltaNet) -------------------------------------------
@@ -233,8 +230,7 @@ def build_qwen_next(b: Builder) -> Parts:
         else:
             mlp = dense_mlp(b, i, hidden, b["intermediate_size"])
         layers.append(Layer(i, attention, mlp, mtp=i >= n, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 # --- Nemotron-H / Nemotron 3 (Mamba-2) ---------------------------------------------------------
@@ -311,17 +307,5 @@ def build_nemotron_h(b: Builder) -> Parts:
             flush(_nemotron_ffn(b, j, hidden, kind))
     if pending:
         flush(Mlp("none", ()))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
-
-FAMILIES = {
-    "kimi_linear": ("kimi_linear", build_kimi_linear),
-    "minimax_m1": ("minimax_m1", build_minimax_m1),
-    "minimax_m3": ("minimax_m3", build_minimax_m3),
-    "minimax_m3_vl": ("minimax_m3", build_minimax_m3),
-    "qwen3_next": ("qwen3_next", build_qwen_next),
-    "qwen3_5_text": ("qwen3_next", build_qwen_next),
-    "qwen3_5_moe_text": ("qwen3_next", build_qwen_next),
-    "nemotron_h": ("nemotron_h", build_nemotron_h),
-}

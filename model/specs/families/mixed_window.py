@@ -39,8 +39,7 @@ def build_llama4(b: Builder) -> Parts:
         else:
             mlp = dense_mlp(b, i, hidden, b["intermediate_size_mlp"], prefix="feed_forward")
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def build_gemma4(b: Builder) -> Parts:
@@ -76,8 +75,7 @@ def build_gemma4(b: Builder) -> Parts:
         else:
             mlp = dense
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden, 4)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", True)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers, tie_default=True)
 
 
 def build_step3p7(b: Builder) -> Parts:
@@ -103,8 +101,7 @@ def build_step3p7(b: Builder) -> Parts:
                           inter=b["moe_intermediate_size"], shared_inter=shared,
                           shared_name="share_expert")
         layers.append(Layer(i, attention, mlp, mtp=i >= n, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def build_mimo_v2(b: Builder) -> Parts:
@@ -134,13 +131,5 @@ def build_mimo_v2(b: Builder) -> Parts:
         else:
             mlp = dense_mlp(b, i, hidden, b["intermediate_size"])
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
-
-FAMILIES = {
-    "llama4_text": ("llama4", build_llama4),
-    "gemma4_text": ("gemma4", build_gemma4),
-    "step3p7": ("step3p7", build_step3p7),
-    "mimo_v2_flash": ("mimo_v2", build_mimo_v2),
-}
