@@ -34,6 +34,7 @@ def kinds(arch) -> Counter:
 # Files under data/architectures/ that are not architectures, and why.
 NOT_ARCHITECTURES = {
     "README.md": "provenance notes",
+    "PROVENANCE.md": "where each short-name config comes from",
     "aliases.yaml": "name table read by model.specs.architecture",
     # DeepSeek's reference-inference schema (dim, n_layers, ...), kept for provenance; the same
     # values load as deepseek-v3.2 (alias deepseek-ai/DeepSeek-V3.2-Exp)
