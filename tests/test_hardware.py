@@ -22,7 +22,7 @@ from model.specs.hardware import (
     shared_sources,
 )
 
-# DESIGN.md "Names" plus issue 2's required systems.
+# The systems the design names (DESIGN.md "Names").
 REQUIRED = ["h100-sxm", "h200-sxm", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "mi300x",
             "mi325x", "mi355x"]
 ALL = list_hardware()

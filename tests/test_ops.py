@@ -1,4 +1,4 @@
-"""Closed-form op counts (model.perf.ops) against hand derivations and theory.md §13."""
+"""Closed-form op counts (model.perf.ops) against hand derivations."""
 
 from __future__ import annotations
 
@@ -99,8 +99,8 @@ def test_fp4_weights_count_scale_bytes():
     assert float(op.weight_bytes) == pytest.approx(4096 * 4096 * 4.5 / 8)
 
 
-def test_experts_touched_matches_theory_T35():
-    # theory.md §13 T35: E=256, k=8, T = 1 / 32 / 128 tokens -> 8; 163.3; 251.6 experts
+def test_experts_touched_hand_values():
+    # E (1 - (1 - k/E)^T) with E=256, k=8, T = 1 / 32 / 128 tokens -> 8; 163.3; 251.6 experts
     fn = ops.compiled("experts_touched")
     got = fn(256, 8, np.array([1.0, 32.0, 128.0]))
     assert got == pytest.approx([8.0, 163.3, 251.6], rel=5e-3)

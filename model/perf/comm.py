@@ -9,7 +9,7 @@
 S is the buffer size in bytes as NCCL-tests count it (all-reduce: the reduced buffer; all-gather:
 the gathered output; reduce-scatter: the input; all-to-all: what one rank holds before the
 exchange; p2p: the bytes sent). B is the per-GPU per-direction link bandwidth of the scope.
-Algorithm factors (NCCL-tests bus bandwidth, theory.md §4.1): ring all-reduce 2(n-1)/n,
+Algorithm factors (NCCL-tests bus bandwidth, github.com/NVIDIA/nccl-tests doc/PERFORMANCE.md): ring all-reduce 2(n-1)/n,
 all-gather / reduce-scatter / all-to-all (n-1)/n, p2p 1. All-reduce also has vLLM's custom
 one-shot / two-shot kernels inside the scale-up domain (one-shot reads every peer's buffer:
 factor (n-1)); the engine uses whichever is faster, so all-reduce time is the minimum.
@@ -38,7 +38,7 @@ from model.specs.errors import Infeasible
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 SCOPES = ("scale_up", "scale_out")
-# Inter-node launch + network RTT per collective step (IB/RoCE ~ 5-10 us; theory.md §3.7
+# Inter-node launch + network RTT per collective step (IB/RoCE ~ 5-10 us;
 # ~1 us per hop inside a switch domain; NCCL cross-node small-message latency ~ 20 us).
 SCALE_OUT_EXTRA_LATENCY_S = 15e-6
 
@@ -57,7 +57,8 @@ class CommParams:
                           self.half_ranks)
 
 
-# research/hardware.md §2.1/§6: large-message all-reduce busbw ~0.92 of unidirectional NVLink,
+# Where no fit exists: large-message all-reduce busbw ~0.92 of unidirectional NVLink (NCCL issues and
+# nccl-tests reports, hardware/sources.yaml S46),
 # small-message latency ~10-25 us (NCCL), custom all-reduce ~5 us.
 _DEFAULTS = {
     "nccl": CommParams(10e-6, 1e-6, 0.92, 2e6),

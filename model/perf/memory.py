@@ -4,9 +4,9 @@ many sequences that pool holds at a context, under vLLM's hybrid allocator or st
 Budget (vLLM `--gpu-memory-utilization`, default 0.9): everything the engine allocates must fit
 in utilization x HBM; the KV pool is what remains after weights, the activation peak of a
 `max_num_batched_tokens` forward pass, and the runtime reserve (CUDA context, CUDA graphs, NCCL
-buffers). research/theory.md §5.
+buffers).
 
-Allocators (theory.md §1.5, vLLM docs/design/hybrid_kv_cache_manager.md):
+Allocators (vLLM docs/design/hybrid_kv_cache_manager.md):
 - `hybrid`: one block pool, one page size. The page is the largest per-layer block any KV spec
   needs at the base block size; every other spec scales its block (in tokens or compressed
   entries) up to fill the page, and a linear-attention state takes one page per layer (attention

@@ -5,11 +5,12 @@ Degrees follow vLLM / aiconfigurator semantics:
   dp > 1 with expert parallelism), x `pcp` prefill context parallel ranks;
 - MoE layers: the same GPUs regrouped as `moe_tp` x `ep` (moe_tp * ep == tp * dp * pcp);
 - `dcp` decode context parallel shards the KV along the sequence inside the TP group
-  (dcp divides tp; KV is no longer duplicated across those ranks);
+  (dcp divides tp; KV is not duplicated across those ranks);
 - `pp` pipeline stages multiply everything; `sp` shards norms/activations along tokens in TP.
 
 This module adds the rules on top: validity, sharding of weights / KV / compute, and the
-collectives each plan adds per layer (theory.md §1.2-1.4, §3.5, §4).
+collectives each plan adds per layer (vLLM docs/serving/data_parallel_deployment.md,
+expert_parallel_deployment.md, context_parallel_deployment.md).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def normalize_plan(arch: Architecture, plan: ParallelPlan) -> ParallelPlan:
 # ---- validity ----------------------------------------------------------------------------------
 def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
                   cross_domain_tp: bool = False) -> None:
-    """Raise Infeasible naming the first rule the plan breaks (theory.md §1.2-1.4).
+    """Raise Infeasible naming the first rule the plan breaks.
 
     TP beyond the scale-up domain is refused unless `cross_domain_tp` (measured runs exist that
     do it; its all-reduces then run over the scale-out network)."""
@@ -165,7 +166,7 @@ def linear_shard(lin: Linear, plan: ParallelPlan) -> int:
 
 
 def kv_shard(att: Attention, plan: ParallelPlan) -> int:
-    """How many ways one sequence's KV of this layer is split inside its TP group (§3.5).
+    """How many ways one sequence's KV of this layer is split inside its TP group.
 
     GQA: min(tp, K) x dcp; MLA family: dcp (fully duplicated under plain TP); linear: tp.
     """
@@ -278,7 +279,7 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
                                   n_ar * count))
     if has_experts and p.ep > 1 and p.dp * p.pcp > 1:
         ex = layer.mlp.experts
-        # tokens leave their rank once per top-k expert (DeepEP logical bytes, theory T38)
+        # tokens leave their rank once per top-k expert (DeepEP's logical bytes, github.com/deepseek-ai/DeepEP README)
         per_rank = tok_rank
         a2a_scope = scope_of(p.ep, hw)
         disp = per_rank * ex.top_k * ex.hidden_size * dtype(dispatch_dtype).bytes
@@ -371,7 +372,7 @@ def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both") -> l
     return sorted(set(plans), key=lambda q: (q.pp, -q.tp, q.dp, q.ep, q.pcp, q.dcp))
 
 
-# ---- small closed forms used by the search and the tests (theory.md §13) -------------------------
+# ---- small closed forms used by the search and the tests -------------------------------------------
 def dcp_rank_of_token(token_index, dcp: int, interleave: int = 1):
     """DCP rank storing a token's KV: (i // interleave) mod dcp (vLLM interleaved layout)."""
     return (np.asarray(token_index) // interleave) % dcp

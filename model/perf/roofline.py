@@ -32,15 +32,15 @@ from model.specs.errors import Infeasible
 ACT_BYTES = 2.0  # bf16 activations and outputs
 STATE_BYTES = 4.0  # fp32 recurrent state of linear attention (KDA/GDN kernels keep it in fp32)
 
-# Attention kind -> calibrated family (the measured table whose fit it uses).
 # Indexer scores in an 8-bit cache run on the fp8 tensor path, twice the bf16 rate on every
-# chip in research/hardware.md §1 with an fp8 rate; counted as bf16-equivalent FLOPs.
+# GPU of hardware/*.yaml; counted as bf16-equivalent FLOPs.
 INDEXER_RATE_FACTOR = {"fp8": 0.5, "fp4": 0.25}
 
 LINEAR_CHUNK = 64  # chunk length of chunked linear-attention prefill kernels (FLA, flashkda)
 MSA_GROUP_TILE = 16  # minimum tl.dot rows in the Triton MSA kernel
 SPARSE_HEAD_TILE = 64  # query heads per CTA in FlashMLA sparse / DSV4 attention kernels
 
+# Attention kind -> calibrated family (the measured table whose fit it uses).
 ATTENTION_FAMILY = {"gqa": "gqa", "swa": "gqa", "mla": "mla", "dsa": "mla", "csa": "csa",
                     "hca": "hca", "msa": "msa", "linear": "linear"}
 PHASES = ("prefill", "decode")
@@ -166,7 +166,7 @@ def _gemm_columns(shapes: tuple, hw) -> tuple[np.ndarray, ...]:
 
 def experts_touched(tokens, top_k, num_experts):
     """Expected distinct experts hit by `tokens` tokens each routed to top_k of num_experts
-    (uniform routing): E (1 - (1 - k/E)^T)  (theory.md §4.3)."""
+    (uniform routing): E (1 - (1 - k/E)^T), the expected number of occupied bins."""
     tokens = np.asarray(tokens, dtype=float)
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 

@@ -201,8 +201,8 @@ def recorded_sessions(path: str) -> tuple[SessionSpec, ...]:
     except (OSError, ValueError) as err:
         raise SpecError(path, "<root>", f"not an AgentX derived requests CSV ({err})") from None
     df = df.sort_values(["trace_id", "t_s"], kind="stable")
-    # whole columns once, then split at trace boundaries (a pandas groupby per trace was most
-    # of a fresh process's first plan)
+    # whole columns once, then split at trace boundaries (a pandas groupby per trace would
+    # dominate a fresh process's first plan)
     ctx_all = np.maximum(df["in"].to_numpy(float), 1.0)
     unc_all = np.clip(ctx_all - df["inf_cache_hit_tokens"].to_numpy(float), 1.0, ctx_all)
     gap_all = np.nan_to_num(df["think_time_s"].to_numpy(float), nan=0.0)
