@@ -9,10 +9,11 @@
 S is the buffer size in bytes as NCCL-tests count it (all-reduce: the reduced buffer; all-gather:
 the gathered output; reduce-scatter: the input; all-to-all: what one rank holds before the
 exchange; p2p: the bytes sent). B is the per-GPU per-direction link bandwidth of the scope.
-Algorithm factors (NCCL-tests bus bandwidth, github.com/NVIDIA/nccl-tests doc/PERFORMANCE.md): ring all-reduce 2(n-1)/n,
-all-gather / reduce-scatter / all-to-all (n-1)/n, p2p 1. All-reduce also has vLLM's custom
-one-shot / two-shot kernels inside the scale-up domain (one-shot reads every peer's buffer:
-factor (n-1)); the engine uses whichever is faster, so all-reduce time is the minimum.
+Algorithm factors (NCCL-tests bus bandwidth, github.com/NVIDIA/nccl-tests doc/PERFORMANCE.md):
+ring all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n, p2p 1. All-reduce
+also has vLLM's custom one-shot / two-shot kernels inside the scale-up domain (one-shot reads
+every peer's buffer: factor (n-1)); the engine uses whichever is faster, so all-reduce time is
+the minimum.
 
 Scale-out (`scope="scale_out"`, GPUs spanning several scale-up domains) is hierarchical: an
 all-reduce is reduce-scatter inside the domain, all-reduce of S/D across domains over the NIC,
@@ -57,9 +58,9 @@ class CommParams:
                           self.half_ranks)
 
 
-# Where no fit exists: large-message all-reduce busbw ~0.92 of unidirectional NVLink (NCCL issues and
-# nccl-tests reports, hardware/sources.yaml S46),
-# small-message latency ~10-25 us (NCCL), custom all-reduce ~5 us.
+# Where no fit exists: large-message all-reduce busbw ~0.92 of unidirectional NVLink (NCCL and
+# nccl-tests reports, hardware/sources.yaml S46), small-message latency ~10-25 us (NCCL), custom
+# all-reduce ~5 us.
 _DEFAULTS = {
     "nccl": CommParams(10e-6, 1e-6, 0.92, 2e6),
     "custom": CommParams(5e-6, 0.0, 0.80, 1e6),

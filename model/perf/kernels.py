@@ -6,21 +6,22 @@ Every op time in `model.perf.roofline` is
     eff(m) = compute_efficiency_max * m / (m + half_tokens)
 
 where m is the op's natural "rows" count (GEMM m, tokens per expert for MoE, query tokens per
-sequence-head for attention). The four factors are fitted per measured chip, rate and op class by
-`python -m model.fit.calibrate` on `data/calibration/ops/` and stored in `data/calibration/kernels.yaml`
-with dataset, date and held-out error. Op classes: `gemm`, `moe`, `attention.<family>.<phase>`
-(family gqa | mla | csa | hca | msa | linear; phase prefill | decode), `memory`.
+sequence-head for attention). The four factors are fitted per measured chip, rate and op class
+by `python -m model.fit.calibrate` on `data/calibration/ops/` and stored in
+`data/calibration/kernels.yaml` with dataset, date and held-out error. Op classes: `gemm`, `moe`,
+`attention.<family>.<phase>` (family gqa | mla | csa | hca | msa | linear; phase prefill |
+decode), `memory`.
 
-Transfer rule (chips without measurements, e.g. B300, GB300, MI355X, Rubin, TPU):
-take the curves of `hw.calibration_reference` (h100_sxm | h200_sxm | b200_sxm) and rescale the
-compute ceiling by the ratio of the two chips' sourced MAMF efficiencies (measured best-shape
-GEMM fraction of peak, `mamf_efficiency` in hardware/*.yaml) at the same rate, falling back to the bf16 ratio
-when a rate is missing on either side and to 1 when neither has one. Memory efficiency, the
-saturation point (half_tokens) and the launch overhead are kept from the reference: they are
-properties of the kernels and the HBM controller generation, for which there is no per-chip
-measurement. Peak FLOP/s and HBM bandwidth always come from the target chip's own spec, so the
-physics moves with the chip and only the empirical fraction is borrowed. Without any fitted
-data (no kernels.yaml) the round default curves below apply.
+Transfer rule (chips without measurements, e.g. B300, GB300, MI355X, Rubin, TPU): take the
+curves of `hw.calibration_reference` (h100_sxm | h200_sxm | b200_sxm) and rescale the compute
+ceiling by the ratio of the two chips' sourced MAMF efficiencies (measured best-shape GEMM
+fraction of peak, `mamf_efficiency` in hardware/*.yaml) at the same rate, falling back to the
+bf16 ratio when a rate is missing on either side and to 1 when neither has one. Memory
+efficiency, the saturation point (half_tokens) and the launch overhead are kept from the
+reference: they are properties of the kernels and the HBM controller generation, for which there
+is no per-chip measurement. Peak FLOP/s and HBM bandwidth always come from the target chip's own
+spec, so the physics moves with the chip and only the empirical fraction is borrowed. Without
+any fitted data (no kernels.yaml) the round default curves below apply.
 """
 
 from __future__ import annotations
@@ -64,9 +65,9 @@ class KernelParams:
         return saturating(self.compute_efficiency_max, m, self.half_tokens, k, self.half_k)
 
 
-# Round default curves where no fit exists (GEMM 0.75 of peak, FP4 0.65, HBM streaming 0.85, paged-KV
-# reads 0.55: the range of the MAMF tables and the fits); overheads are typical CUDA launch + tail
-# latencies (~5-10 us).
+# Round default curves where no fit exists (GEMM 0.75 of peak, FP4 0.65, HBM streaming 0.85,
+# paged-KV reads 0.55: the range of the MAMF tables and the fits); overheads are typical CUDA
+# launch + tail latencies (~5-10 us).
 _DEFAULTS = {
     "gemm": KernelParams(0.75, 64.0, 0.85, 5e-6),
     "moe": KernelParams(0.60, 64.0, 0.80, 20e-6),

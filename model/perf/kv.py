@@ -36,6 +36,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from model.specs.architecture import load_architecture
 from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError
 from model.specs.layers import Architecture, Attention, Indexer
@@ -273,25 +274,23 @@ def kv_bytes_per_token_by_kind(arch: Architecture, kv_dtype: str | None = None,
     return out
 
 
-def footprint_table(archs: list[str], contexts, kv_dtype: str | None = None,
+def footprint_table(archs: list[str], contexts_tokens, kv_dtype: str | None = None,
                     block_size: int | None = None, state_dtype: str = "fp32"):
     """Tidy DataFrame: one row per (architecture, context, component) with bytes per sequence.
 
     component is the attention kind's growing KV (`mla`, `csa`, ...), `index_keys`, or `state`
     (fixed recurrent / compressor state), so stacked bars add up to the sequence total."""
-    import pandas as pd
+    import pandas as pd  # only this table needs pandas: kept off the hot import path
 
-    from model.specs.architecture import load_architecture
-
-    contexts = np.atleast_1d(np.asarray(contexts, dtype=float))
+    contexts_tokens = np.atleast_1d(np.asarray(contexts_tokens, dtype=float))
     rows = []
     for name in archs:
         arch = load_architecture(name)
         fmt = kv_dtype or arch.default_kv_dtype
         for attention, count in _groups(arch, False):
-            main, index, fixed = layer_kv_parts(attention, contexts, fmt, block_size,
+            main, index, fixed = layer_kv_parts(attention, contexts_tokens, fmt, block_size,
                                                 state_dtype=state_dtype)
-            for i, ctx in enumerate(contexts):
+            for i, ctx in enumerate(contexts_tokens):
                 for component, value in ((attention.kind, main[i]), ("index_keys", index[i]),
                                          ("state", fixed)):
                     if value:

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from model.perf.ops import grouped_layers
+from model.perf.ops import entry_elements, grouped_layers
 from model.specs.dtypes import dtype
 from model.specs.errors import Infeasible
 from model.specs.layers import Architecture, Attention, Layer, Linear
@@ -279,7 +279,8 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
                                   n_ar * count))
     if has_experts and p.ep > 1 and p.dp * p.pcp > 1:
         ex = layer.mlp.experts
-        # tokens leave their rank once per top-k expert (DeepEP's logical bytes, github.com/deepseek-ai/DeepEP README)
+        # tokens leave their rank once per top-k expert (DeepEP's logical bytes,
+        # github.com/deepseek-ai/DeepEP README)
         per_rank = tok_rank
         a2a_scope = scope_of(p.ep, hw)
         disp = per_rank * ex.top_k * ex.hidden_size * dtype(dispatch_dtype).bytes
@@ -293,8 +294,6 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
         out += [Collective("moe_all_gather", "all_gather", size, p.moe_tp, sc, count),
                 Collective("moe_reduce_scatter", "reduce_scatter", size, p.moe_tp, sc, count)]
     att = layer.attention
-    from model.perf.ops import entry_elements
-
     if p.dcp > 1 and att.kind != "linear":
         q_bytes = dec / p.dp * att.num_heads * att.head_dim * act
         o_bytes = dec / p.dp * att.num_heads * (att.v_head_dim + 2) * act  # + LSE
@@ -372,7 +371,7 @@ def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both") -> l
     return sorted(set(plans), key=lambda q: (q.pp, -q.tp, q.dp, q.ep, q.pcp, q.dcp))
 
 
-# ---- small closed forms used by the search and the tests -------------------------------------------
+# ---- small closed forms used by the search and the tests ---------------------------------------
 def dcp_rank_of_token(token_index, dcp: int, interleave: int = 1):
     """DCP rank storing a token's KV: (i // interleave) mod dcp (vLLM interleaved layout)."""
     return (np.asarray(token_index) // interleave) % dcp

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.perf.memory import hbm_budget, kv_bytes_per_gpu
 from model.perf.parallel import ParallelPlan, normalize_plan
+from model.perf.step import build_step_model
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
 
@@ -77,8 +79,6 @@ def kv_bytes_per_token_per_gpu(arch, plan: ParallelPlan, kv_dtype: str | None = 
                                context_tokens: float = 131072.0) -> float:
     """Average KV bytes one token of context costs each GPU that holds its sequence, at a
     typical context (windows and fixed state amortized over it)."""
-    from model.perf.memory import kv_bytes_per_gpu
-
     plan = normalize_plan(arch, plan)
     return float(kv_bytes_per_gpu(arch, plan, context_tokens, kv_dtype, block_size=None)) \
         / context_tokens
@@ -90,8 +90,6 @@ def tier_capacity_tokens(arch, hw, plan: ParallelPlan, kv_dtype: str | None = No
     """Tokens of context one replica can keep in each tier (hbm from model.perf.memory.hbm_budget):
     what `model.serve.cache_model.hit_rate` takes as `capacity_tokens`. Attention-DP ranks hold
     different sequences, so their tiers add up; TP ranks hold shares of the same tokens."""
-    from model.perf.memory import hbm_budget
-
     plan = normalize_plan(arch, plan)
     budget = budget or hbm_budget(arch, hw, plan, kv_dtype=kv_dtype)
     per_token = kv_bytes_per_token_per_gpu(arch, plan, kv_dtype, context_tokens)
@@ -115,8 +113,6 @@ def kv_load_time_s(arch, hw, plan: ParallelPlan, context_tokens, tier: str | Tie
                    kv_dtype: str | None = None) -> np.ndarray:
     """Time to bring one sequence's KV of `context_tokens` into HBM: every GPU of the replica
     that holds part of it pulls its share over its own link in parallel."""
-    from model.perf.memory import kv_bytes_per_gpu
-
     plan = normalize_plan(arch, plan)
     nbytes = kv_bytes_per_gpu(arch, plan, context_tokens, kv_dtype, block_size=None)
     return _tier(hw, tier).transfer_time_s(nbytes)
@@ -132,8 +128,6 @@ def recompute_time_s(arch, hw, plan: ParallelPlan, context_tokens, kv_dtype: str
     - mode "solo": the replica does nothing else (the latency of one cold turn);
     - mode "batched": the marginal cost on a busy engine already running `decode_seqs` decodes
       at `decode_context` (weights are streamed anyway, so only the extra work counts)."""
-    from model.perf.step import build_step_model
-
     if mode not in ("solo", "batched"):
         raise ServecastError(f"recompute mode {mode!r}; allowed: solo, batched")
     model = step_model or build_step_model(arch, hw, plan, kv_dtype=kv_dtype)

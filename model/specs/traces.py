@@ -30,7 +30,7 @@ from model.specs.errors import SpecError
 
 SessionKind = Literal["main", "subagent", "request"]
 AGENTX_BLOCK_TOKENS = 64  # AgentX / kv-cache-tester `block_size`
-MOONCAKE_BLOCK_TOKENS = 512  # Mooncake FAST'25 traces (github.com/kvcache-ai/Mooncake FAST25-release)
+MOONCAKE_BLOCK_TOKENS = 512  # Mooncake FAST'25 traces (kvcache-ai/Mooncake FAST25-release)
 
 
 @dataclass(frozen=True, eq=False)
@@ -380,7 +380,7 @@ def load_traces(paths: Iterable[str | Path]) -> list[Session]:
 
 def requests_table(sessions: Iterable[Session]):
     """One row per request (pandas DataFrame): the flat view profile fitting reads."""
-    import pandas as pd
+    import pandas as pd  # only this table needs pandas: kept off the loaders' import path
 
     rows = []
     for s in sessions:

@@ -193,7 +193,7 @@ def recorded_sessions(path: str) -> tuple[SessionSpec, ...]:
     inf_cache_hit_tokens, think_time_s) as a session: its main and subagent requests in time
     order; uncached = in - inf_cache_hit_tokens (the trace's own infinite-cache prefix hit),
     gap = the recorded think time (0 before the first request)."""
-    import pandas as pd
+    import pandas as pd  # only recorded sessions need pandas: kept off the import path
 
     cols = ["trace_id", "kind", "t_s", "in", "out", "inf_cache_hit_tokens", "think_time_s"]
     try:
