@@ -114,6 +114,13 @@ def test_every_cited_source_resolves_inside_the_repository():
             path.name
 
 
+def test_sources_hold_what_values_and_notes_cite():
+    h100 = load_hardware("h100-sxm")
+    # capex cites [S39, S50]; its note names [S38]; the NCCL note names [S46]
+    assert {"S39", "S50", "S38", "S46"} <= set(h100.sources)
+    assert "S05" not in h100.sources  # a B200-era source no H100 value cites
+
+
 def test_values_match_cited_figures():
     h100 = load_hardware("h100-sxm")
     # H100 datasheet: 1,979 TFLOPS bf16 "shown with sparsity", dense is half [S02]; ml-engineering

@@ -268,9 +268,12 @@ def _source_table(path: Path, spec: HardwareFile) -> dict[str, Source]:
     return {**shared, **_checked_sources(path, spec.sources)}
 
 
-def _cited(provenance: dict[str, FieldSource], table: dict[str, Source]) -> dict[str, Source]:
-    """The entries of `table` that some value cites, in table order."""
+def _cited(provenance: dict[str, FieldSource], notes: tuple[str, ...],
+           table: dict[str, Source]) -> dict[str, Source]:
+    """The entries of `table` that some value cites, or a note names as [id], in table order."""
     cited = {sid for where in provenance.values() for sid in where.sources}
+    texts = [where.note or "" for where in provenance.values()] + list(notes)
+    cited |= {sid for text in texts for sid in re.findall(r"\[([A-Za-z0-9][\w-]*)\]", text)}
     return {sid: source for sid, source in table.items() if sid in cited}
 
 
@@ -335,7 +338,8 @@ def _build(path: Path, spec: HardwareFile) -> Hardware:
         rental_usd_per_gpu_hour=(low, high), mamf_efficiency=mamf,
         calibration_reference=spec.calibration_reference.value,
         calibration_reason=spec.calibration_reference.reason, notes=tuple(spec.notes),
-        sources=_cited(provenance, table), provenance=provenance, path=str(path), **values)
+        sources=_cited(provenance, tuple(spec.notes), table), provenance=provenance,
+        path=str(path), **values)
 
 
 @functools.lru_cache(maxsize=256)
