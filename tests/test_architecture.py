@@ -34,6 +34,7 @@ def kinds(arch) -> Counter:
 # Files under data/architectures/ that are not architectures, and why.
 NOT_ARCHITECTURES = {
     "README.md": "provenance notes",
+    "PROVENANCE.md": "where each short-name config comes from",
     "aliases.yaml": "name table read by model.specs.architecture",
     # DeepSeek's reference-inference schema (dim, n_layers, ...), kept for provenance; the same
     # values load as deepseek-v3.2 (alias deepseek-ai/DeepSeek-V3.2-Exp)
@@ -94,7 +95,7 @@ def test_slug_prefers_hf_copy():
 
 
 def test_every_calibration_model_path_resolves():
-    # model_path values of ../shared/data/calibration/e2e_measured.csv (2026-11 snapshot)
+    # model_path values of data/calibration/e2e_measured.csv
     for model_path in ["deepseek-ai/DeepSeek-R1", "openai/gpt-oss-120b", "meta-llama/Llama-3.1-70B",
                        "Qwen/Qwen3-32B", "deepseek-ai/DeepSeek-V3",
                        "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-235B-A22B-FP8",
@@ -166,7 +167,7 @@ def test_deepseek_v32_has_indexer_every_layer():
 
 
 def test_deepseek_v4_pro_layers():
-    # research/architectures.md section 1: compress_ratios [128,128, then 4,128 alternating]
+    # deepseek-ai--DeepSeek-V4-Pro_config.json: compress_ratios [128,128, then 4,128 alternating]
     # -> 30 CSA + 31 HCA, window 128, hash routing on the first 3 MoE layers, mHC width 4,
     # grouped output projection 16 groups x rank 1024, MTP layer SWA-only, FP4 experts
     arch = load_architecture("deepseek-v4-pro")
@@ -241,7 +242,7 @@ def test_gpt_oss_windows_and_precision():
 
 def test_hybrid_linear_families():
     # Qwen3-Next: full_attention_interval 4 -> 12 gated-attention + 36 Gated DeltaNet layers,
-    # GDN state 32 value heads x 128 x 128 (research section 9)
+    # GDN state 32 value heads x 128 x 128 (linear_num_value_heads, linear_*_head_dim)
     qn = load_architecture("qwen3-next-80b-a3b")
     assert kinds(qn) == {"gqa": 12, "linear": 36}
     assert qn.layers[0].attention.state_elements == 32 * 128 * 128

@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.fit import calibrate as C
+from model.fit import kernel_fit as F
+from model.fit import kernel_tables as T
+from model.fit.calibrate import MIN_ROWS
+from model.fit.comm_fit import comm_heldout_ape, comm_samples
+from model.fit.kernel_report import heldout_report
 from model.perf import kernels
 from model.perf.roofline import roofline_time_s
 
@@ -18,19 +22,19 @@ def test_fit_recovers_known_parameters():
     flops, bytes_ = 2 * m * n * k, 2 * (m * k + n * k + m * n)
     truth = kernels.KernelParams(0.8, 50.0, 0.85, 5e-6)
     t = roofline_time_s(flops, bytes_, 989.4e12, 3.35e12, truth, m)
-    s = C.Samples(flops, bytes_, m, 989.4e12, 3.35e12, np.zeros(400), t, np.zeros(400, int))
-    theta = C.fit(s)
+    s = T.Samples(flops, bytes_, m, 989.4e12, 3.35e12, np.zeros(400), t, np.zeros(400, int))
+    theta = F.fit(s)
     assert theta[0] == pytest.approx(0.8, rel=0.02)
     assert theta[1] == pytest.approx(50.0, rel=0.1)
     assert theta[2] == pytest.approx(0.85, rel=0.02)
-    assert np.median(C.ape(theta, s)) < 1e-3
+    assert np.median(F.ape(theta, s)) < 1e-3
 
 
 def test_heldout_kda_decode_and_prefill():
     # data/calibration/ops/h100_sxm/kda.parquet (Kimi Delta Attention), 5-fold over
     # (heads, batch) groups; measured held-out medians 5.2% (decode) and 13.2% (prefill)
-    dec = C.heldout_ape(C.kda_samples("h100_sxm", "decode"))
-    pre = C.heldout_ape(C.kda_samples("h100_sxm", "prefill"))
+    dec = F.heldout_ape(T.kda_samples("h100_sxm", "decode"))
+    pre = F.heldout_ape(T.kda_samples("h100_sxm", "prefill"))
     assert np.median(dec) <= 0.08
     assert np.median(pre) <= 0.15
 
@@ -38,7 +42,7 @@ def test_heldout_kda_decode_and_prefill():
 def test_heldout_nccl_all_reduce():
     # data/calibration/ops/h100_sxm/nccl.parquet all_reduce, 5-fold over message-size octaves;
     # measured held-out median 13.3% (p90 ~30%: NCCL protocol switches are not smooth)
-    errors = C.comm_heldout_ape(C.comm_samples("h100_sxm", "all_reduce", "nccl"))
+    errors = comm_heldout_ape(comm_samples("h100_sxm", "all_reduce", "nccl"))
     assert np.median(errors) <= 0.15
 
 
@@ -50,7 +54,7 @@ def test_stored_fits_carry_provenance_and_heldout_error():
             for key, entry in by_key.items():
                 assert entry["dataset"].startswith(f"ops/{chip}/"), (chip, op_class, key)
                 if op_class != "memory":
-                    assert entry["rows"] >= C.MIN_ROWS
+                    assert entry["rows"] >= MIN_ROWS
                     assert 0 <= entry["heldout_median_ape"] <= entry["heldout_p90_ape"]
 
 
@@ -68,32 +72,32 @@ MEASURED_HELDOUT = {
 
 
 def test_heldout_report_matches_measured_errors():
-    report = C.heldout_report().set_index(["chip", "op_class", "key"])
+    report = heldout_report().set_index(["chip", "op_class", "key"])
     for (op_class, key), values in MEASURED_HELDOUT.items():
         for chip, expected in zip(("h100_sxm", "h200_sxm", "b200_sxm"), values, strict=True):
             got = report.loc[(chip, op_class, key), "heldout_median_ape"]
             assert got <= expected + 0.01, (chip, op_class, key, got)
-    # target of issue 3: per-op median <= 15%; met by the median op class, not by every one
-    # (fp8_block GEMM, MoE mxfp4, DSV4 prefill, all-to-all miss it: see the report)
+    # per-op median <= 15% for the median op class, not for every one (fp8_block GEMM, MoE
+    # mxfp4, DSV4 prefill, all-to-all miss it: see the report)
     per_class = report.groupby(level="op_class")["heldout_median_ape"].median()
     assert per_class.median() <= 0.15
     assert (per_class <= 0.15).mean() >= 0.6
 
 
 def test_moe_fitted_on_skewed_routing_with_errors_per_distribution():
-    # the MoE curves are fitted on the power_law_1.01 rows (model.fit.calibrate.MOE_DISTRIBUTION);
-    # kernels.yaml keeps the held-out error on every distribution. Measured (kernel_report.md,
-    # 2026-12 refit), h200_sxm fp8_block: 0.179 balanced, 0.122 power_law_1.01, 0.129
-    # power_law_1.2 (a balanced-only fit had 0.112 on the balanced rows)
+    # the MoE curves are fitted on the power_law_1.01 rows (model.fit.kernel_tables.
+    # MOE_DISTRIBUTION); kernels.yaml keeps the held-out error on every distribution. Measured
+    # (kernel_report.md), h200_sxm fp8_block: 0.179 balanced, 0.122 power_law_1.01, 0.129
+    # power_law_1.2
     entry = kernels.fitted_table()["h200_sxm"]["moe"]["fp8_block"]
-    assert entry["distribution"] == C.MOE_DISTRIBUTION == "power_law_1.01"
+    assert entry["distribution"] == T.MOE_DISTRIBUTION == "power_law_1.01"
     by = entry["heldout_median_ape_by_distribution"]
-    assert set(by) == set(C.MOE_DISTRIBUTIONS)
+    assert set(by) == set(T.MOE_DISTRIBUTIONS)
     assert by["power_law_1.01"] <= 0.13 and by["power_law_1.2"] <= 0.14
     assert by["balanced"] <= 0.19
     # the skewed rows are slower than the balanced ones at prefill sizes with all experts local
     # (DeepSeek-V3 layer, 256 experts, top 8, moe_tp 8: >= 8192 tokens)
-    df = C.table("h200_sxm", "moe")
+    df = T.table("h200_sxm", "moe")
     sel = df[(df.moe_dtype == "fp8_block") & (df.hidden_size == 7168) & (df.num_experts == 256)
              & (df.moe_ep_size == 1) & (df.moe_tp_size == 8) & (df.num_tokens >= 8192)]
     best = sel.groupby(["num_tokens", "distribution"]).latency.min().unstack()
@@ -104,8 +108,8 @@ def test_transfer_h100_to_h200_gqa_decode():
     # leave-one-chip-out: H200 decode attention predicted from the H100 fit (same Hopper
     # die, 4.8 vs 3.35 TB/s HBM): median error 13.3% in kernel_report.md
     entry = kernels.fitted_table()["h100_sxm"]["attention.gqa.decode"]["bf16"]
-    s = C.gqa_samples("h200_sxm", "decode", "bf16")
-    errors = C.ape(C._theta(entry), s)
+    s = T.gqa_samples("h200_sxm", "decode", "bf16")
+    errors = F.ape(F.theta_of(entry), s)
     assert np.median(errors) <= 0.16
 
 
@@ -114,16 +118,16 @@ def test_weight_only_mxfp4_moe_has_its_own_curve():
     # TRT-LLM mxfp4 x bf16 (select_mxfp4_moe_backend's first choice), timed in b200_sxm
     # moe.parquet on gpt-oss shapes (hidden 2880, 128 experts, top 4): 3.24 ms at 8192 tokens
     # (power_law_1.01, no TP/EP). The native block-scaled curve (mxfp4: TRT-LLM mxfp4 x mxfp8)
-    # would put that layer at 0.75 ms: one curve for both formats was 4x fast on weight-only.
+    # would put that layer at 0.75 ms: one curve for both formats would be 4x fast on weight-only.
     from model.perf.roofline import moe_time_s
     from model.specs.hardware import load_hardware
     entry = kernels.fitted_table()["b200_sxm"]["moe"]["mxfp4_w4a16"]
     assert entry["heldout_median_ape"] <= 0.12  # 0.107 measured (kernel_report.md)
-    df = C.moe_rows("b200_sxm", "mxfp4_w4a16")
+    df = T.moe_rows("b200_sxm", "mxfp4_w4a16")
     assert df.kernel_source.str.contains("flashinfer_trtllm_mxfp4_bf16").all()
     row = df[(df.hidden_size == 2880) & (df.num_experts == 128) & (df.num_tokens == 8192)
              & (df.moe_tp_size == 1) & (df.moe_ep_size == 1)
-             & (df.distribution == C.MOE_DISTRIBUTION)].latency.min() * 1e-3
+             & (df.distribution == T.MOE_DISTRIBUTION)].latency.min() * 1e-3
     assert row == pytest.approx(3.24e-3, rel=0.01)
     b200 = load_hardware("b200")
     w4a16 = float(moe_time_s(8192, 2880, 2880, 4, 128, 1, 1, "mxfp4_w4a16", b200))

@@ -19,8 +19,8 @@ def test_ring_all_reduce_bound():
     # 8-GPU ring all-reduce of 1 GB at 450 GB/s per direction: >= 2 * 7/8 * 1e9 / 450e9 = 3.89 ms
     t = collective_time_s("all_reduce", 1e9, 8, H100, "scale_up")
     assert t >= 2 * 7 / 8 * 1e9 / 450e9
-    # NCCL-tests on 8xH100 reach 370-480 GB/s bus bandwidth at large sizes (hardware.md §2.1,
-    # theory.md §2); the fit over 2-8 GPUs must stay within 2x of the bound
+    # NCCL-tests on 8xH100 reach 370-480 GB/s bus bandwidth at large sizes (hardware/sources.yaml
+    # S46); the fit over 2-8 GPUs must stay within 2x of the bound
     assert t < 2 * (2 * 7 / 8 * 1e9 / 450e9)
 
 

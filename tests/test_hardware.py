@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -12,9 +13,16 @@ import pytest
 import yaml
 
 from model.specs.errors import Infeasible, ServecastError, SpecError
-from model.specs.hardware import HARDWARE_DIR, Hardware, list_hardware, load_hardware
+from model.specs.hardware import (
+    HARDWARE_DIR,
+    SOURCES_YAML,
+    Hardware,
+    list_hardware,
+    load_hardware,
+    shared_sources,
+)
 
-# DESIGN.md "Names" plus issue 2's required systems.
+# The systems the design names (DESIGN.md "Names").
 REQUIRED = ["h100-sxm", "h200-sxm", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "mi300x",
             "mi325x", "mi355x"]
 ALL = list_hardware()
@@ -74,6 +82,43 @@ def test_every_value_is_sourced_and_dated(name):
     # Compute and memory come from publications, never from a Servecast assumption.
     for key in ("hbm_bandwidth_bytes_per_s", *(f"peak_flops_per_s.{r}" for r in ("bf16", "fp8"))):
         assert not hw.provenance[key].assumed, key
+
+
+def _cited_ids(text: str) -> set[str]:
+    """Source ids a spec file cites: `source:` fields and [S..] / [A-..] references in notes."""
+    ids = set()
+    for one, many in re.findall(r"source: (?:([\w-]+)|\[([^\]]*)\])", text):
+        ids |= {one} if one else {i.strip() for i in many.split(",")}
+    return ids | set(re.findall(r"\[((?:S|A-)[\w-]*)\]", text))
+
+
+def test_every_cited_source_resolves_inside_the_repository():
+    table = shared_sources()
+    cited = set()
+    for path in sorted(HARDWARE_DIR.glob("*.yaml")):
+        if path == SOURCES_YAML:
+            continue
+        text = path.read_text()
+        ids = _cited_ids(text)
+        assert ids <= set(table), (path.name, ids - set(table))
+        assert "sources" not in yaml.safe_load(text), path.name  # one shared table
+        cited |= ids
+    # every entry is cited by some chip, and has a public URL or says how the figure was obtained
+    assert set(table) == cited
+    for sid, source in table.items():
+        assert (source.url or "").startswith("https://") or len(source.method or "") > 40, sid
+        assert (source.kind == "assumption") == sid.startswith("A-"), sid
+    # nothing under hardware/ points outside the repository
+    for path in HARDWARE_DIR.glob("*.yaml"):
+        assert not re.search(r"/work/|\.\./shared|research/\w+\.(md|csv)", path.read_text()), \
+            path.name
+
+
+def test_sources_hold_what_values_and_notes_cite():
+    h100 = load_hardware("h100-sxm")
+    # capex cites [S39, S50]; its note names [S38]; the NCCL note names [S46]
+    assert {"S39", "S50", "S38", "S46"} <= set(h100.sources)
+    assert "S05" not in h100.sources  # a B200-era source no H100 value cites
 
 
 def test_values_match_cited_figures():
@@ -181,7 +226,29 @@ MALFORMED = {
                        "allowed: nvfp4, mxfp4"),
     "bad_reference": (_mutated(lambda d: d["calibration_reference"].update(value="a100")),
                       "calibration_reference.value", "allowed: h100_sxm, h200_sxm, b200_sxm"),
+    "source_without_url_or_method": (
+        _mutated(lambda d: d.update(sources={"X-mine": {"title": "a reading", "accessed": "2026-12",
+                                                         "kind": "weak"}})),
+        "sources.X-mine", "needs a url, or a method"),
+    "redefined_shared_source": (
+        _mutated(lambda d: d.update(sources={"S03": {"title": "t", "url": "https://example.org",
+                                                      "accessed": "2026-12", "kind": "weak"}})),
+        "sources.S03", "already defined in"),
 }
+
+
+def test_a_file_may_add_its_own_sources(tmp_path):
+    # a spec outside the repository cites a source of its own next to the shared ones
+    data = yaml.safe_load(BASE)
+    data["hbm_bandwidth"]["source"] = ["S03", "X-lab"]
+    data["sources"] = {"X-lab": {"title": "our STREAM run", "method": "STREAM triad on 8 GPUs",
+                                 "accessed": "2026-12", "kind": "third_party"}}
+    path = tmp_path / "h100-lab.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    hw = load_hardware(path)
+    assert hw.provenance["hbm_bandwidth_bytes_per_s"].sources == ("S03", "X-lab")
+    assert hw.sources["X-lab"].method == "STREAM triad on 8 GPUs"
+    assert set(hw.sources) >= {"S03", "X-lab"}
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))

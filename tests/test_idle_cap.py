@@ -1,5 +1,5 @@
 """AgentX's system idle cap (AIPerf --system-idle-gap-cap-seconds 10: timers shift forward while
-nothing is in flight; research/workloads.md §1.5) in closed form (model.specs.idle_cap) and in the
+nothing is in flight; AIPerf docs/tutorials/agentx-mvp.md) in closed form (model.specs.idle_cap) and in the
 discrete-event oracle (model.serve.simulate applies the rule exactly)."""
 
 import numpy as np
@@ -14,7 +14,7 @@ from model.specs.workload import ClosedLoop
 from model.validate.agreement import SM_FIXED, fixed_with_think
 
 # AgentX v1.0 inter-turn gaps: log-normal, median 3.84 s, 10% over 1 min -> sigma 2.145
-# (research/theory.md T33), capped at 300 s per trajectory
+# (SemiAnalysis AgentX v1.0 statistics), capped at 300 s per trajectory
 GAPS = np.minimum(np.exp(np.log(3.84) + 2.145 * np.random.default_rng(0).standard_normal(200_000)),
                   300.0)
 

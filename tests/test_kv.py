@@ -18,7 +18,7 @@ from model.specs.layers import Attention, Indexer
 
 
 def test_deepseek_v3_mla_per_token():
-    # 61 layers x (kv_lora_rank 512 + rope 64) x 2 B = 70,272 B/token (research section 5)
+    # 61 layers x (kv_lora_rank 512 + rope 64) x 2 B = 70,272 B/token (deepseek-ai--DeepSeek-V3_config.json)
     arch = load_architecture("deepseek-v3")
     assert kv_bytes_per_token(arch, "bf16") == 61 * 576 * 2 == 70_272
     # fp8: FlashMLA layout 512 fp8 + 4 fp32 scales + 64 bf16 rope = 656 B; x 61 = 40,016
@@ -28,8 +28,8 @@ def test_deepseek_v3_mla_per_token():
 
 
 def test_kimi_k2_fp8_cache_per_100k_tokens():
-    # theory.md T30: Kimi K2.5-class MLA at fp8, a blog quotes ~3.8 GB per 100K tokens "with
-    # overheads" (naive 576 B x 61 = 3.51 GB). The FlashMLA layout (656 B, scales + bf16 rope)
+    # Kimi K2.5-class MLA at fp8: the vLLM blog "Serving Agentic Workloads at Scale with vLLM x
+    # Mooncake" quotes ~3.8 GB per 100K tokens (naive 576 B x 61 = 3.51 GB). The FlashMLA layout (656 B, scales + bf16 rope)
     # gives 61 x 656 x 100,000 = 4.0016 GB, within 10% of the quote.
     arch = load_architecture("kimi-k2")
     assert sequence_kv(arch, 100_000, "fp8").total_bytes == 61 * 656 * 100_000
@@ -38,14 +38,15 @@ def test_kimi_k2_fp8_cache_per_100k_tokens():
 
 def test_deepseek_v32_indexer_keys():
     # V3.2: every layer caches MLA latent + one index key. bf16: 61 x (1152 + 128 x 2) = 85,888;
-    # fp8: 61 x (656 + 128 + 4) = 48,068 (research section 1, "DeepSeek-V3.2 for comparison")
+    # fp8: 61 x (656 + 128 + 4) = 48,068 (deepseek-ai--DeepSeek-V3.2_config.json: index_head_dim 128)
     arch = load_architecture("deepseek-v3.2")
     assert kv_bytes_per_token(arch, "bf16") == 85_888
     assert kv_bytes_per_token(arch, "fp8") == 48_068
 
 
 def test_deepseek_v4_pro_per_token():
-    # 30 CSA (ratio 4, + index key) and 31 HCA (ratio 128) layers; research section 1:
+    # 30 CSA (ratio 4, + index key) and 31 HCA (ratio 128) layers (compress_ratios of
+    # deepseek-ai--DeepSeek-V4-Pro_config.json):
     # bf16 (1024 B entry, 256 B key): 30 x (1024 + 256) / 4 + 31 x 1024 / 128 = 9,848
     # fp8 584 B entry + MXFP4 68 B key: 30 x (584 + 68) / 4 + 31 x 584 / 128 = 5,031.4375
     arch = load_architecture("deepseek-v4-pro")
@@ -72,7 +73,7 @@ def test_deepseek_v4_sequence_at_1m_tokens():
 
 def test_minimax_m3_msa_keeps_full_kv_plus_index_keys():
     # 60 layers x 2 x 4 kv heads x 128 x 2 B = 122,880 + 57 MSA layers x 128 x 2 B index keys
-    # = 14,592 -> 137,472 B/token (research section 3)
+    # = 14,592 -> 137,472 B/token (MiniMaxAI--MiniMax-M3_config.json, sparse_attention_config)
     arch = load_architecture("minimax-m3")
     assert kv_bytes_per_token(arch, "bf16") == 137_472
     # fp8 KV: the index-K cache stays bf16 (vLLM ships it bf16; FP8 indexer is roadmap)
@@ -82,7 +83,7 @@ def test_minimax_m3_msa_keeps_full_kv_plus_index_keys():
 def test_kimi_k3_state_and_mla():
     # 24 MLA layers x 576 x 2 B = 27,648 B/token. KDA state per layer 96 x 128 x 128 elements at
     # fp32 = 6,291,456 B, x 69 = 434,110,464; short conv 3 x 12288 x (4 - 1) bf16 = 221,184 B,
-    # x 69 = 15,261,696 (research section 2: "434 MB at FP32")
+    # x 69 = 15,261,696 (moonshotai--Kimi-K3_config.json linear_attn_config; 434 MB at fp32)
     arch = load_architecture("kimi-k3")
     assert kv_bytes_per_token(arch, "bf16") == 27_648
     foot = sequence_kv(arch, 0, "bf16")
@@ -106,14 +107,15 @@ def test_gpt_oss_windows_capped():
 
 
 def test_llama_70b_int8_kv_matches_scaling_book():
-    # theory.md T07: LLaMA-3-70B, K=8, H=128, L=80, 1 B/element -> 163,840 B/token (~160 kB)
+    # scaling book "Serving LLaMA" (jax-ml/scaling-book applied-inference.md): LLaMA-3-70B,
+    # K=8, H=128, L=80, 1 B/element -> 163,840 B/token (~160 kB)
     arch = load_architecture("llama-3.1-70b")
     assert kv_bytes_per_token(arch, "int8") == 163_840
     assert kv_bytes_per_token(arch, "fp8") == 163_840
 
 
 def test_hybrid_block_allocation():
-    # theory.md T22 (vLLM hybrid KV cache manager unit test): block 16, window 32, L 112 -> a
+    # vLLM docs/design/hybrid_kv_cache_manager.md example: block 16, window 32, L 112 -> a
     # full layer holds 7 blocks, a sliding layer 2 blocks (tokens 80..111 = blocks 5, 6)
     full = Attention("gqa", 8, 1, 64, 64, ())
     swa = Attention("swa", 8, 1, 64, 64, (), window=32)
@@ -145,7 +147,7 @@ def test_entry_layouts():
     assert entry_bytes(v3, "bf16") == 1152 and entry_bytes(v3, "fp8") == 656
     assert entry_bytes(v4, "bf16") == 1024 and entry_bytes(v4, "fp8") == 584
     idx = Indexer(64, 128, 2048)
-    # bf16 256 B; fp8 128 + 4 B scale = 132; MXFP4 64 + 4 = 68 (theory.md T23)
+    # bf16 256 B; fp8 128 + 4 B scale = 132; MXFP4 64 + 4 = 68 (vLLM PR #44577, packed indexer row)
     assert indexer_key_bytes(idx, "bf16") == 256
     assert indexer_key_bytes(idx, "fp8", "fp8") == 132
     assert indexer_key_bytes(idx, "fp8", "mxfp4") == 68

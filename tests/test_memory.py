@@ -26,7 +26,7 @@ def _toy(kinds: list[str], window: int = 32) -> Architecture:
 
 
 def test_hybrid_allocator_worked_example():
-    # vLLM hybrid KV cache manager doc (research/theory.md §1.5, T22): 10 full + 20 sliding-window
+    # vLLM docs/design/hybrid_kv_cache_manager.md example: 10 full + 20 sliding-window
     # layers, block 16, window 32, request of 112 tokens -> 11 blocks per 10-layer group:
     # 7 (full: ceil(112/16)) + 2 + 2 (each SW group: the blocks of tokens 80..111).
     specs = memory.kv_specs(_toy(["gqa"] * 10 + ["swa"] * 20))
@@ -77,7 +77,7 @@ def test_weights_that_do_not_fit_are_infeasible():
 
 
 def test_packed_indexer_layout_saving_deepseek_v4():
-    # Per token (research/theory.md §1.5 T23): 30 CSA layers hold (584 B entry + index key)/4 and
+    # Per token (vLLM PR #44577 packed layout): 30 CSA layers hold (584 B entry + index key)/4 and
     # 31 HCA layers 584/128. The fp8 index key is 128 + 4 B, the packed MXFP4 row 64 + 4 = 68 B:
     # 30 * 716 / 4 + 31 * 584 / 128 = 5,511.44 B vs 30 * 652 / 4 + 31 * 584 / 128 = 5,031.44 B,
     # a 8.71% smaller block from the layout alone; with each tensor's block padded to 512 B in the

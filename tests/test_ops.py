@@ -1,14 +1,15 @@
-"""Closed-form op counts (model.perf.ops) against hand derivations and theory.md §13."""
+"""Closed-form op counts (model.perf.ops) against hand derivations."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
 from model.perf import ops
 from model.perf.ops import Step, attention_core_op, linear_op, model_ops, moe_op, totals
+from model.specs.errors import Infeasible
 from model.specs.layers import Architecture, Attention, Experts, Indexer, Layer, Linear, Mlp
 
 
@@ -53,26 +54,33 @@ def deepseek_v3_like(n_layers=61) -> Architecture:
                         Linear("lm_head", 7168, 129280, "bf16"), False, 163840, "fp8_block")
 
 
-def toy_hw(**over) -> SimpleNamespace:
-    """H100-SXM-like numbers from theory.md §2 (bf16 9.9e14, fp8 2e15, HBM 3.35e12 B/s, 80 GB,
-    NVLink 450e9 per direction, 8-GPU domain, 400 Gb/s x8 scale-out ~ 50e9 per GPU)."""
-    peaks = {"bf16": 9.9e14, "fp8": 2.0e15, "fp32": 6.7e13, "int8": 2.0e15}
-    spec = dict(name="toy-h100", aliases=(), calibration_reference="", mamf_efficiency={},
-                hbm_bytes=80e9, hbm_bandwidth_bytes_per_s=3.35e12,
-                scale_up_bandwidth_bytes_per_s=450e9, scale_up_domain_gpus=8,
-                scale_out_bandwidth_bytes_per_s=50e9, peak_flops_per_s=peaks)
-    spec.update(over)
-    ns = SimpleNamespace(**spec)
+@dataclass(frozen=True, eq=False)
+class ToyHardware:
+    """A stand-in for model.specs.hardware.Hardware (hashable by identity, as the kernel caches
+    need) with round H100 SXM figures of hardware/h100-sxm.yaml: 990 / 2,000 TFLOP/s bf16 / fp8,
+    3.35 TB/s HBM, 80 GB, NVLink 450 GB/s per direction, 8-GPU domain, 400 Gbit/s NIC per GPU.
+    No calibration reference: kernel efficiencies are model.perf.kernels' defaults."""
 
-    def peak(rate):
-        from model.specs.errors import Infeasible
+    name: str = "toy-h100"
+    aliases: tuple = ()
+    calibration_reference: str = ""
+    mamf_efficiency: dict = field(default_factory=dict)
+    hbm_bytes: float = 80e9
+    hbm_bandwidth_bytes_per_s: float = 3.35e12
+    scale_up_bandwidth_bytes_per_s: float = 450e9
+    scale_up_domain_gpus: int = 8
+    scale_out_bandwidth_bytes_per_s: float = 50e9
+    peak_flops_per_s: dict = field(default_factory=lambda: {
+        "bf16": 9.9e14, "fp8": 2.0e15, "fp32": 6.7e13, "int8": 2.0e15})
 
-        if rate not in ns.peak_flops_per_s:
+    def peak(self, rate: str) -> float:
+        if rate not in self.peak_flops_per_s:
             raise Infeasible(f"no {rate} rate")
-        return ns.peak_flops_per_s[rate]
+        return self.peak_flops_per_s[rate]
 
-    ns.peak = peak
-    return ns
+
+def toy_hw(**over) -> ToyHardware:
+    return ToyHardware(**over)
 
 
 # ---- tests --------------------------------------------------------------------------------------
@@ -91,8 +99,8 @@ def test_fp4_weights_count_scale_bytes():
     assert float(op.weight_bytes) == pytest.approx(4096 * 4096 * 4.5 / 8)
 
 
-def test_experts_touched_matches_theory_T35():
-    # theory.md §13 T35: E=256, k=8, T = 1 / 32 / 128 tokens -> 8; 163.3; 251.6 experts
+def test_experts_touched_hand_values():
+    # E (1 - (1 - k/E)^T) with E=256, k=8, T = 1 / 32 / 128 tokens -> 8; 163.3; 251.6 experts
     fn = ops.compiled("experts_touched")
     got = fn(256, 8, np.array([1.0, 32.0, 128.0]))
     assert got == pytest.approx([8.0, 163.3, 251.6], rel=5e-3)

@@ -1,4 +1,5 @@
-"""Parallel-plan rules, sharding and collectives (model.perf.parallel) against theory.md §1, §4, §13."""
+"""Parallel-plan rules, sharding and collectives (model.perf.parallel) against vLLM's parallelism
+docs and hand derivations."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _gqa_arch(kv_heads: int, heads: int = 64, layers: int = 2) -> Architecture:
                         32768, "bf16")
 
 
-def test_dcp_limits_theory_T24():
+def test_dcp_limits():
     hw = toy_hw()
     # Qwen3-235B: K=4 KV heads at TP8 -> duplication 2 -> DCP <= 2
     qwen = _gqa_arch(kv_heads=4)
@@ -78,9 +79,9 @@ def test_weight_sharding_hand_derived():
                                + replicated, rel=1e-3)
 
 
-def test_ep_all_to_all_bytes_theory_T38():
+def test_ep_all_to_all_bytes():
     # 128 tokens per rank, top-8, hidden 7168, fp8 dispatch / bf16 combine at 90 GB/s RDMA:
-    # 81.6 us and 163.1 us (DeepEP logical bytes, k copies per token)
+    # 81.6 us and 163.1 us (DeepEP README's logical bytes, k copies per token; by hand)
     layer = mla_moe_layer(0)
     plan = ParallelPlan(dp=16, ep=16)
     cols = {c.name: c for c in layer_collectives(layer, 1, plan, toy_hw(), 7168, 0, 128 * 16)}

@@ -27,7 +27,7 @@ PUBLISHED = [
     # DeepSeek-V4 model card / HF blog: Pro 1.6T total, 49B activated; Flash 284B, 13B
     ("deepseek-v4-pro", 1600 * B, 49 * B, "active"),
     ("deepseek-v4-flash", 284 * B, 13 * B, "active"),
-    # Kimi K3 tech report Table 1 (research/architectures.md section 9): K2 1.04T / 32.6B
+    # Kimi K3 tech report Table 1: K2 1.04T / 32.6B
     ("kimi-k2", 1040 * B, 32.6 * B, "active_with_embedding"),
     # Llama 3.1 model card: 405B, 70B, 8B
     ("llama-3.1-405b", 405 * B, None, None),

@@ -26,7 +26,7 @@ MLA = Attention("mla", 128, 1, 192, 128, (), kv_lora_rank=512, qk_rope_head_dim=
 
 
 def test_gemm_never_beats_the_compute_roofline():
-    # 4096^3 bf16 on H100: 2 * 4096^3 / 989.4e12 FLOP/s = 0.1389 ms (dense peak, hardware.md §1)
+    # 4096^3 bf16 on H100: 2 * 4096^3 / 989.4e12 FLOP/s = 0.1389 ms (dense peak, hardware/h100-sxm.yaml)
     t = gemm_time_s(4096, 4096, 4096, "bf16", H100)
     assert t >= 2 * 4096**3 / 989.4e12
     # and the fitted efficiency keeps it within a sane MAMF-like band (> 55% of peak)
@@ -57,7 +57,7 @@ def test_gemm_fitted_close_to_a_measured_row():
 
 def test_memory_time_is_bytes_over_calibrated_bandwidth():
     eff = params_for(H100, "memory", "bf16").memory_efficiency
-    assert 0.7 < eff <= 1.0  # weight-streaming fit; hardware.md §2.1 measures 78-92%
+    assert 0.7 < eff <= 1.0  # weight-streaming fit (kernels.yaml)
     assert memory_time_s(1e9, H100) == pytest.approx(1e9 / (3.35e12 * eff))
 
 
@@ -94,7 +94,7 @@ def test_mla_decode_reads_the_latent_once_for_all_heads():
     _, b1, _ = attention_flops_bytes("mla", "decode", 32, 1, 50_000, MLA, 1.0, tp=1)
     _, b8, _ = attention_flops_bytes("mla", "decode", 32, 1, 50_000, MLA, 1.0, tp=8)
     kv = 32 * 50_001 * 576 * 1.0
-    assert b1 >= kv and b8 >= kv  # latent replicated under TP (theory.md §3.5)
+    assert b1 >= kv and b8 >= kv  # latent replicated under TP (vLLM MLA)
 
 
 def test_sparse_attention_is_bounded_by_top_k():
@@ -144,7 +144,7 @@ def test_transfer_rule_gb300_between_physics_and_scaled_b200():
 
 
 def test_transfer_rule_scales_by_mamf_ratio():
-    # MI355X: sourced bf16 MAMF 62.6% vs B200 77.6% (hardware.md §1.1) -> ceiling x 0.807
+    # MI355X: sourced bf16 MAMF 62.6% vs B200 77.6% (hardware/*.yaml mamf_efficiency, S03) -> ceiling x 0.807
     mi355x = load_hardware("mi355x")
     ref = params_for(B200, "gemm", "bf16").compute_efficiency_max
     got = params_for(mi355x, "gemm", "bf16").compute_efficiency_max

@@ -16,13 +16,14 @@ AGENTX = ROOT / "data" / "traces" / "cc_traces_weka_042026_sample"
 CHIPS = ("h200-sxm", "b200", "gb300-nvl72")
 
 
-def test_theory_reload_vs_recompute_example():
-    # research/theory.md §13 T31: 100K tokens of Kimi-K2.5-class KV (3.8e9 B) at 50 GB/s take
+def test_reload_vs_recompute_hand_example():
+    # 100K tokens of Kimi-K2.5-class KV (3.8e9 B, vLLM x Mooncake blog) at 50 GB/s (vLLM KV
+    # offloading blog, PCIe Gen5 one way) take
     # 76 ms; recomputing with 32e9 active params at 4.5e15 FLOP/s and MFU 0.5 takes 2.84 s.
     host = tiers.Tier("host", 1e12, 50e9, 0.0, "pcie")
     assert float(host.transfer_time_s(3.8e9)) == pytest.approx(0.076, rel=1e-9)
     assert tiers.recompute_time_physics_s(32e9, 1e5, 4.5e15, 0.5) == pytest.approx(2.844, rel=1e-3)
-    # T32: kappa = 2 N W / (C b_kv): Llama-3.1-8B 6.17, DeepSeek-V3 53.2
+    # kappa = 2 N W / (C b_kv) (arXiv 2601.19910) by hand: Llama-3.1-8B 6.17, DeepSeek-V3 53.2
     assert tiers.kappa(8e9, 50e9, 989e12, 131072) == pytest.approx(6.17, rel=1e-3)
     assert tiers.kappa(37e9, 50e9, 989e12, 70272) == pytest.approx(53.2, rel=1e-3)
 

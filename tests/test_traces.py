@@ -35,7 +35,7 @@ def test_agentx_sample_sessions_and_requests(agentx):
 
 
 def test_agentx_subagent_times_are_made_absolute(agentx):
-    # research/workloads.md §1.3: trace_0003 has a subagent at t=134.2 s whose inner requests
+    # data/traces/cc_traces_weka_042026_sample trace_0003.json: a subagent at t=134.2 s whose inner requests
     # are at t = 0, 6, 14, 19 s relative to the spawn (042026 corpus).
     sub = next(s for s in agentx if s.root_id == "trace_0003" and s.kind == "subagent")
     assert sub.parent_id == "trace_0003"
@@ -65,7 +65,7 @@ def test_mooncake_conversation():
 
 def test_azure_rows_and_clock():
     # azure_llm_2023_code.csv: header + 8,819 rows (data/traces/README.md; the last line has no
-    # newline, so `wc -l` shows 8,819 and the shared README's "8,818 rows" was one short);
+    # newline, so `wc -l` shows 8,819);
     # first row 2023-11-16 18:17:03.98, 4,808 context / 10 generated; second 0.052 s later.
     sessions = load_trace(TRACES / "azure_llm_2023_code.csv")
     assert len(sessions) == 8819

@@ -18,7 +18,7 @@ from model.specs.workload import (
     workload_from_dict,
 )
 
-TRACES = ROOT / "data" / "traces"  # repo copy of ../shared/data/traces (engineer F)
+TRACES = ROOT / "data" / "traces"
 
 
 def test_every_profile_loads_and_carries_provenance():
@@ -41,9 +41,9 @@ def test_fixed_profiles_are_what_they_say():
 
 
 def test_agentx_resamples_the_recorded_sessions():
-    # research/workloads.md §1.4(a)/§1.6, computed on the cc-traces-weka-042026 derived requests
-    # CSV (710 traces, 49,334 requests): median 45 main turns, token-weighted infinite-cache hit
-    # 96.3%, mean uncached 4.5K per request, mean input 123K, output median 216 / mean 440
+    # computed on the cc-traces-weka-042026 derived requests CSV (data/traces/README.md; 710
+    # traces, 49,334 requests): median 45 main turns, token-weighted infinite-cache hit 96.3%,
+    # mean uncached 4.5K per request, mean input 123K, output median 216 / mean 440
     w = load_workload("agentx")
     assert w.bootstrap and w.hit_rate == pytest.approx(0.9632, abs=5e-4)
     mix = w.request_mix(20_000, seed=0)
@@ -78,7 +78,8 @@ def test_agentx_synthetic_profile_matches_the_trace_it_was_fitted_to():
 
 
 def test_agentx_v1_profile_carries_the_stated_v1_laws():
-    # SemiAnalysis AgentX v1.0 statistics (research/theory.md §10 [S2]): inter-turn gaps
+    # SemiAnalysis AgentX v1.0 statistics (newsletter.semianalysis.com/p/agentx-inferencexv3-
+    # does-cuda-moat): inter-turn gaps
     # ~log-normal, median 3.84 s, ~10% over 1 min; DeepSeek V4 runs OSL p50 413 / p90 2.2K /
     # p95 3.7K / p99 8.6K and ISL p50 88K / p90 272K / p95 404K / p99 675K. Sessions and fan-out
     # are agentx-synthetic's.
@@ -177,7 +178,7 @@ def test_load_models_validate():
     with pytest.raises(ServecastError):
         OpenLoop(-1.0)
     assert OpenLoop.from_workload(load_workload("azure-conv")).interarrival_cv == \
-        pytest.approx(1.094, abs=1e-3)  # research/workloads.md §4: conv CV 1.09
+        pytest.approx(1.094, abs=1e-3)  # Azure 2023 conversation trace: CV 1.09
 
 
 def test_trace_arrivals_uncached_tokens_from_hash_prefix():

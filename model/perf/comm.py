@@ -9,10 +9,11 @@
 S is the buffer size in bytes as NCCL-tests count it (all-reduce: the reduced buffer; all-gather:
 the gathered output; reduce-scatter: the input; all-to-all: what one rank holds before the
 exchange; p2p: the bytes sent). B is the per-GPU per-direction link bandwidth of the scope.
-Algorithm factors (NCCL-tests bus bandwidth, theory.md §4.1): ring all-reduce 2(n-1)/n,
-all-gather / reduce-scatter / all-to-all (n-1)/n, p2p 1. All-reduce also has vLLM's custom
-one-shot / two-shot kernels inside the scale-up domain (one-shot reads every peer's buffer:
-factor (n-1)); the engine uses whichever is faster, so all-reduce time is the minimum.
+Algorithm factors (NCCL-tests bus bandwidth, github.com/NVIDIA/nccl-tests doc/PERFORMANCE.md):
+ring all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n, p2p 1. All-reduce
+also has vLLM's custom one-shot / two-shot kernels inside the scale-up domain (one-shot reads
+every peer's buffer: factor (n-1)); the engine uses whichever is faster, so all-reduce time is
+the minimum.
 
 Scale-out (`scope="scale_out"`, GPUs spanning several scale-up domains) is hierarchical: an
 all-reduce is reduce-scatter inside the domain, all-reduce of S/D across domains over the NIC,
@@ -32,12 +33,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from model.perf.kernels import MEASURED_CHIPS, _chip_key, fitted_table
+from model.perf import kernels
+from model.perf.kernels import MEASURED_CHIPS, fitted_table, measured_chip, saturating
 from model.specs.errors import Infeasible
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 SCOPES = ("scale_up", "scale_out")
-# Inter-node launch + network RTT per collective step (IB/RoCE ~ 5-10 us; theory.md §3.7
+# Inter-node launch + network RTT per collective step (IB/RoCE ~ 5-10 us;
 # ~1 us per hop inside a switch domain; NCCL cross-node small-message latency ~ 20 us).
 SCALE_OUT_EXTRA_LATENCY_S = 15e-6
 
@@ -51,15 +53,14 @@ class CommParams:
     half_ranks: float = 0.0  # rank count at which half of it is reached (0: no rank effect)
     source: str = "default"
 
-    def efficiency(self, size_bytes, n=None):
-        eff = self.bus_efficiency_max * size_bytes / (size_bytes + self.half_bytes)
-        if n is not None and self.half_ranks:
-            eff = eff * n / (n + self.half_ranks)
-        return eff
+    def efficiency(self, size_bytes, ranks=None):
+        return saturating(self.bus_efficiency_max, size_bytes, self.half_bytes, ranks,
+                          self.half_ranks)
 
 
-# research/hardware.md §2.1/§6: large-message all-reduce busbw ~0.92 of unidirectional NVLink,
-# small-message latency ~10-25 us (NCCL), custom all-reduce ~5 us.
+# Where no fit exists: large-message all-reduce busbw ~0.92 of unidirectional NVLink (NCCL and
+# nccl-tests reports, hardware/sources.yaml S46), small-message latency ~10-25 us (NCCL), custom
+# all-reduce ~5 us.
 _DEFAULTS = {
     "nccl": CommParams(10e-6, 1e-6, 0.92, 2e6),
     "custom": CommParams(5e-6, 0.0, 0.80, 1e6),
@@ -78,21 +79,16 @@ def algorithm_factor(op: str, n):
     raise Infeasible(f"collective {op!r} unknown; allowed: {', '.join(OPS)}")
 
 
-_FAST: dict = {}  # (id(hw), op, algorithm) -> (hw, params), identity-checked
-
-
+@lru_cache(maxsize=512)
 def comm_params(hw, op: str, algorithm: str = "nccl") -> CommParams:
-    hit = _FAST.get((id(hw), op, algorithm))
-    if hit is not None and hit[0] is hw:
-        return hit[1]
-    params = _comm_params(_chip_key(hw), str(getattr(hw, "calibration_reference", "") or ""),
-                          op, algorithm)
-    _FAST[(id(hw), op, algorithm)] = (hw, params)
-    return params
+    """Fitted (or transferred, or default) curve of one collective on chip `hw`."""
+    return _comm_params(measured_chip(hw), str(hw.calibration_reference or ""), op, algorithm)
 
 
 def clear_cache() -> None:
-    _FAST.clear()
+    """Forget loaded parameters (after `python -m model.fit.calibrate` rewrites kernels.yaml)."""
+    kernels.clear_cache()
+    comm_params.cache_clear()
     _comm_params.cache_clear()
 
 

@@ -6,21 +6,22 @@ Every op time in `model.perf.roofline` is
     eff(m) = compute_efficiency_max * m / (m + half_tokens)
 
 where m is the op's natural "rows" count (GEMM m, tokens per expert for MoE, query tokens per
-sequence-head for attention). The four factors are fitted per measured chip, rate and op class by
-`python -m model.fit.calibrate` on `data/calibration/ops/` and stored in `data/calibration/kernels.yaml`
-with dataset, date and held-out error. Op classes: `gemm`, `moe`, `attention.<family>.<phase>`
-(family gqa | mla | csa | hca | msa | linear; phase prefill | decode), `memory`.
+sequence-head for attention). The four factors are fitted per measured chip, rate and op class
+by `python -m model.fit.calibrate` on `data/calibration/ops/` and stored in
+`data/calibration/kernels.yaml` with dataset, date and held-out error. Op classes: `gemm`, `moe`,
+`attention.<family>.<phase>` (family gqa | mla | csa | hca | msa | linear; phase prefill |
+decode), `memory`.
 
-Transfer rule (chips without measurements, e.g. B300, GB300, MI355X, Rubin, TPU):
-take the curves of `hw.calibration_reference` (h100_sxm | h200_sxm | b200_sxm) and rescale the
-compute ceiling by the ratio of the two chips' sourced MAMF efficiencies (measured best-shape
-GEMM fraction of peak, research/hardware.md §1.1) at the same rate, falling back to the bf16 ratio
-when a rate is missing on either side and to 1 when neither has one. Memory efficiency, the
-saturation point (half_tokens) and the launch overhead are kept from the reference: they are
-properties of the kernels and the HBM controller generation, for which there is no per-chip
-measurement. Peak FLOP/s and HBM bandwidth always come from the target chip's own spec, so the
-physics moves with the chip and only the empirical fraction is borrowed. Without any fitted
-data (no kernels.yaml) the defaults of research/hardware.md §6 apply.
+Transfer rule (chips without measurements, e.g. B300, GB300, MI355X, Rubin, TPU): take the
+curves of `hw.calibration_reference` (h100_sxm | h200_sxm | b200_sxm) and rescale the compute
+ceiling by the ratio of the two chips' sourced MAMF efficiencies (measured best-shape GEMM
+fraction of peak, `mamf_efficiency` in hardware/*.yaml) at the same rate, falling back to the
+bf16 ratio when a rate is missing on either side and to 1 when neither has one. Memory
+efficiency, the saturation point (half_tokens) and the launch overhead are kept from the
+reference: they are properties of the kernels and the HBM controller generation, for which there
+is no per-chip measurement. Peak FLOP/s and HBM bandwidth always come from the target chip's own
+spec, so the physics moves with the chip and only the empirical fraction is borrowed. Without
+any fitted data (no kernels.yaml) the round default curves below apply.
 """
 
 from __future__ import annotations
@@ -32,10 +33,20 @@ from pathlib import Path
 from model import ROOT
 from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError
+from model.specs.hardware import CALIBRATION_REFERENCES, load_hardware
 from model.specs.specio import load_yaml
 
 KERNELS_YAML = ROOT / "data" / "calibration" / "kernels.yaml"
-MEASURED_CHIPS = ("h100_sxm", "h200_sxm", "b200_sxm")
+MEASURED_CHIPS = CALIBRATION_REFERENCES
+
+
+def saturating(ceiling: float, x, half_x: float, y=None, half_y: float = 0.0):
+    """ceiling * x / (x + half_x) [* y / (y + half_y)]: the efficiency curve of every calibrated
+    op, rising with its size x (and a second size y, where half_y is set) to `ceiling`."""
+    eff = ceiling * x / (x + half_x)
+    if y is not None and half_y:
+        eff = eff * y / (y + half_y)
+    return eff
 
 
 @dataclass(frozen=True)
@@ -51,14 +62,12 @@ class KernelParams:
     source: str = "default"  # "fitted:<chip>", "transfer:<ref>", or "default"
 
     def compute_efficiency(self, m, k=None):
-        eff = self.compute_efficiency_max * m / (m + self.half_tokens)
-        if k is not None and self.half_k:
-            eff = eff * k / (k + self.half_k)
-        return eff
+        return saturating(self.compute_efficiency_max, m, self.half_tokens, k, self.half_k)
 
 
-# research/hardware.md §6 recommended defaults (NVIDIA: GEMM 0.75, FP4 0.65, HBM streaming 0.85,
-# paged-KV reads 0.55); overheads are typical CUDA launch + tail latencies (~5-10 us).
+# Round default curves where no fit exists (GEMM 0.75 of peak, FP4 0.65, HBM streaming 0.85,
+# paged-KV reads 0.55: the range of the MAMF tables and the fits); overheads are typical CUDA
+# launch + tail latencies (~5-10 us).
 _DEFAULTS = {
     "gemm": KernelParams(0.75, 64.0, 0.85, 5e-6),
     "moe": KernelParams(0.60, 64.0, 0.80, 20e-6),
@@ -119,19 +128,14 @@ def _rate_or_none(name: str) -> str | None:
         return None
 
 
-def _chip_key(hw) -> str:
+def measured_chip(hw) -> str:
     """Measured-data name of this chip if it is one of the measured ones, else ''."""
     names = {str(hw.name).lower().replace("-", "_")}
-    names.update(str(a).lower().replace("-", "_") for a in getattr(hw, "aliases", ()) or ())
+    names.update(str(a).lower().replace("-", "_") for a in hw.aliases or ())
     for chip in MEASURED_CHIPS:
         if chip in names or chip.removesuffix("_sxm") in names:
             return chip
     return ""
-
-
-def mamf(hw, rate: str) -> float | None:
-    table = getattr(hw, "mamf_efficiency", None) or {}
-    return table.get(rate)
 
 
 def mamf_ratio(target_mamf: dict, reference_mamf: dict, rate: str) -> float:
@@ -144,40 +148,17 @@ def mamf_ratio(target_mamf: dict, reference_mamf: dict, rate: str) -> float:
     return 1.0
 
 
-# Sourced MAMF efficiencies of the measured chips (research/hardware.md §1.1, stas00
-# ml-engineering, 2025-2026): the denominator of the transfer ratio when the reference chip's
-# hardware spec cannot be loaded (hardware/*.yaml carries the same figures).
-REFERENCE_MAMF = {
-    "h100_sxm": {"bf16": 0.803, "fp8": 0.709},
-    "h200_sxm": {"bf16": 0.80, "fp8": 0.734},
-    "b200_sxm": {"bf16": 0.776, "fp8": 0.763},
-}
-
-
 @lru_cache(maxsize=8)
 def reference_mamf(chip: str) -> dict:
-    """MAMF efficiencies of a measured chip: from its hardware spec, else the table above."""
-    try:
-        from model.specs.hardware import load_hardware
-        table = dict(load_hardware(chip).mamf_efficiency)
-    except Exception:  # noqa: BLE001 - spec not loadable (tests with doubles): research table
-        table = {}
-    return table or dict(REFERENCE_MAMF[chip])
+    """MAMF efficiencies of a measured chip, from its hardware spec (hardware/*.yaml)."""
+    return dict(load_hardware(chip).mamf_efficiency)
 
 
-_FAST: dict = {}  # (id(hw), op_class, rate) -> (hw, params): hot-loop cache, identity-checked
-
-
+@lru_cache(maxsize=4096)
 def params_for(hw, op_class: str, rate: str) -> KernelParams:
     """Efficiency curve for `op_class` at `rate` on chip `hw` (fitted, transferred or default)."""
-    hit = _FAST.get((id(hw), op_class, rate))
-    if hit is not None and hit[0] is hw:
-        return hit[1]
-    params = _params_cached(_chip_key(hw), str(getattr(hw, "calibration_reference", "") or ""),
-                            tuple(sorted((getattr(hw, "mamf_efficiency", None) or {}).items())),
-                            op_class, rate)
-    _FAST[(id(hw), op_class, rate)] = (hw, params)
-    return params
+    return _params_cached(measured_chip(hw), str(hw.calibration_reference or ""),
+                          tuple(sorted((hw.mamf_efficiency or {}).items())), op_class, rate)
 
 
 @lru_cache(maxsize=4096)
@@ -185,28 +166,21 @@ def _params_cached(chip: str, reference: str, target_mamf: tuple, op_class: str,
                    rate: str) -> KernelParams:
     if chip:
         found = _lookup(chip, op_class, rate)
-        if found is not None:
-            params, used_rate = found
-            return params
-        return default_params(op_class, rate)
+        return found[0] if found is not None else default_params(op_class, rate)
     ref = reference.lower().replace("-", "_")
     if ref not in MEASURED_CHIPS:
         return default_params(op_class, rate)
     found = _lookup(ref, op_class, rate)
     if found is None:
         return default_params(op_class, rate)
-    params, used_rate = found
+    params = found[0]
     ratio = mamf_ratio(dict(target_mamf), reference_mamf(ref), rate)
     return replace(params, compute_efficiency_max=min(1.0, params.compute_efficiency_max * ratio),
                    source=f"transfer:{ref}")
 
 
 def clear_cache() -> None:
-    """Forget loaded parameters (after `python -m model.fit.calibrate` rewrites kernels.yaml)."""
-    fitted_table.cache_clear()
-    reference_mamf.cache_clear()
-    _FAST.clear()
-    _params_cached.cache_clear()
-    from model.perf import roofline  # its per-matrix GEMM columns hold these parameters
-
-    roofline._GEMM_COLUMNS.clear()
+    """Forget loaded parameters (after `python -m model.fit.calibrate` rewrites kernels.yaml);
+    `model.perf.roofline.clear_cache` also forgets the GEMM columns built from them."""
+    for cached in (fitted_table, reference_mamf, params_for, _params_cached):
+        cached.cache_clear()

@@ -32,9 +32,11 @@ MTP layers are excluded unless include_mtp=True (DeepSeek V3's 70,272 B/token is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
+from model.specs.architecture import load_architecture
 from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError
 from model.specs.layers import Architecture, Attention, Indexer
@@ -104,7 +106,7 @@ def entry_layouts(arch: Architecture, kv_dtype: str | None = None,
     """Per attention kind: which byte layout its entries use, bytes per entry and per index key."""
     fmt = kv_dtype or arch.default_kv_dtype
     out: dict[str, dict] = {}
-    for att in _groups(arch, False):
+    for att, _ in _groups(arch, False):
         layout = entry_layout(att)
         out.setdefault(att.kind, {
             "layout": layout, "source": LAYOUT_SOURCES[layout],
@@ -204,23 +206,13 @@ def layer_kv_bytes(attention: Attention, context_tokens, kv_dtype: str,
     return float(out) if np.ndim(out) == 0 else out
 
 
-_GROUP_CACHE: dict[tuple[int, bool], tuple[Architecture, dict[Attention, int]]] = {}
-
-
-def _groups(arch: Architecture, include_mtp: bool) -> dict[Attention, int]:
-    """Distinct attention specs and how many layers share each (cached: sweeps call this often;
-    the cache holds the Architecture so its id stays valid)."""
-    key = (id(arch), include_mtp)
-    hit = _GROUP_CACHE.get(key)
-    if hit is not None and hit[0] is arch:
-        return hit[1]
+@lru_cache(maxsize=512)
+def _groups(arch: Architecture, include_mtp: bool) -> tuple[tuple[Attention, int], ...]:
+    """Distinct attention specs and how many layers share each (cached: sweeps call this often)."""
     counts: dict[Attention, int] = {}
     for layer in arch.layers if include_mtp else arch.main_layers:
         counts[layer.attention] = counts.get(layer.attention, 0) + 1
-    if len(_GROUP_CACHE) > 512:
-        _GROUP_CACHE.clear()
-    _GROUP_CACHE[key] = (arch, counts)
-    return counts
+    return tuple(counts.items())
 
 
 def _scalar(x):
@@ -235,7 +227,7 @@ def sequence_kv(arch: Architecture, context_tokens, kv_dtype: str | None = None,
     by_kind: dict[str, np.ndarray] = {}
     main_total = index_total = 0.0
     fixed_total = 0.0
-    for attention, count in _groups(arch, include_mtp).items():
+    for attention, count in _groups(arch, include_mtp):
         main, index, fixed = layer_kv_parts(attention, context_tokens, fmt, block_size,
                                             indexer_dtype, state_dtype)
         by_kind[attention.kind] = by_kind.get(attention.kind, 0.0) + count * (main + index + fixed)
@@ -269,38 +261,36 @@ def kv_bytes_per_token(arch: Architecture, kv_dtype: str | None = None,
     """Growing part of the cache per token, all layers (default KV dtype of the architecture)."""
     fmt = kv_dtype or arch.default_kv_dtype
     return float(sum(count * layer_bytes_per_token(att, fmt, indexer_dtype)
-                     for att, count in _groups(arch, include_mtp).items()))
+                     for att, count in _groups(arch, include_mtp)))
 
 
 def kv_bytes_per_token_by_kind(arch: Architecture, kv_dtype: str | None = None,
                                indexer_dtype: str | None = None) -> dict[str, float]:
     fmt = kv_dtype or arch.default_kv_dtype
     out: dict[str, float] = {}
-    for att, count in _groups(arch, False).items():
+    for att, count in _groups(arch, False):
         out[att.kind] = out.get(att.kind, 0.0) + count * layer_bytes_per_token(att, fmt,
                                                                                indexer_dtype)
     return out
 
 
-def footprint_table(archs: list[str], contexts, kv_dtype: str | None = None,
+def footprint_table(archs: list[str], contexts_tokens, kv_dtype: str | None = None,
                     block_size: int | None = None, state_dtype: str = "fp32"):
     """Tidy DataFrame: one row per (architecture, context, component) with bytes per sequence.
 
     component is the attention kind's growing KV (`mla`, `csa`, ...), `index_keys`, or `state`
     (fixed recurrent / compressor state), so stacked bars add up to the sequence total."""
-    import pandas as pd
+    import pandas as pd  # only this table needs pandas: kept off the hot import path
 
-    from model.specs.architecture import load_architecture
-
-    contexts = np.atleast_1d(np.asarray(contexts, dtype=float))
+    contexts_tokens = np.atleast_1d(np.asarray(contexts_tokens, dtype=float))
     rows = []
     for name in archs:
         arch = load_architecture(name)
         fmt = kv_dtype or arch.default_kv_dtype
-        for attention, count in _groups(arch, False).items():
-            main, index, fixed = layer_kv_parts(attention, contexts, fmt, block_size,
+        for attention, count in _groups(arch, False):
+            main, index, fixed = layer_kv_parts(attention, contexts_tokens, fmt, block_size,
                                                 state_dtype=state_dtype)
-            for i, ctx in enumerate(contexts):
+            for i, ctx in enumerate(contexts_tokens):
                 for component, value in ((attention.kind, main[i]), ("index_keys", index[i]),
                                          ("state", fixed)):
                     if value:

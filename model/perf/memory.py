@@ -4,9 +4,9 @@ many sequences that pool holds at a context, under vLLM's hybrid allocator or st
 Budget (vLLM `--gpu-memory-utilization`, default 0.9): everything the engine allocates must fit
 in utilization x HBM; the KV pool is what remains after weights, the activation peak of a
 `max_num_batched_tokens` forward pass, and the runtime reserve (CUDA context, CUDA graphs, NCCL
-buffers). research/theory.md §5.
+buffers).
 
-Allocators (theory.md §1.5, vLLM docs/design/hybrid_kv_cache_manager.md):
+Allocators (vLLM docs/design/hybrid_kv_cache_manager.md):
 - `hybrid`: one block pool, one page size. The page is the largest per-layer block any KV spec
   needs at the base block size; every other spec scales its block (in tokens or compressed
   entries) up to fill the page, and a linear-attention state takes one page per layer (attention
@@ -55,8 +55,10 @@ class KVSpec:
     window: int | None = None  # sliding window in tokens (window specs)
     state_bytes: float = 0.0  # fixed bytes per sequence per layer, per GPU (linear state)
 
-    def units(self, context: np.ndarray) -> np.ndarray:
-        return np.floor(context / self.unit_tokens) if self.unit_tokens > 1 else context
+    def units(self, context_tokens: np.ndarray) -> np.ndarray:
+        if self.unit_tokens > 1:
+            return np.floor(context_tokens / self.unit_tokens)
+        return context_tokens
 
 
 @lru_cache(maxsize=1024)
@@ -111,16 +113,16 @@ def _merge(specs: list[KVSpec]) -> list[KVSpec]:
     return list(out.values())
 
 
-def _blocks(spec: KVSpec, context: np.ndarray, block_units: float) -> np.ndarray:
-    """Blocks one layer of this spec holds for a sequence of `context` tokens."""
+def _blocks(spec: KVSpec, context_tokens: np.ndarray, block_units: float) -> np.ndarray:
+    """Blocks one layer of this spec holds for a sequence of `context_tokens`."""
     if spec.unit_bytes == 0:
-        return np.ones_like(context)  # linear state: one page
+        return np.ones_like(context_tokens)  # linear state: one page
     if spec.window is not None:
         block_tokens = block_units * spec.unit_tokens
-        first = np.maximum(context - spec.window, 0) // block_tokens
-        last = np.maximum(context - 1, 0) // block_tokens
-        return np.where(context > 0, last - first + 1, 0)
-    return np.ceil(spec.units(context) / block_units)
+        first = np.maximum(context_tokens - spec.window, 0) // block_tokens
+        last = np.maximum(context_tokens - 1, 0) // block_tokens
+        return np.where(context_tokens > 0, last - first + 1, 0)
+    return np.ceil(spec.units(context_tokens) / block_units)
 
 
 def page_layout(specs: tuple[KVSpec, ...], block_size: int = BASE_BLOCK_TOKENS) -> tuple[float, dict]:
@@ -139,19 +141,21 @@ def page_layout(specs: tuple[KVSpec, ...], block_size: int = BASE_BLOCK_TOKENS) 
     return page, units
 
 
-def hybrid_sequence_bytes(specs: tuple[KVSpec, ...], context, block_size: int = BASE_BLOCK_TOKENS):
+def hybrid_sequence_bytes(specs: tuple[KVSpec, ...], context_tokens,
+                          block_size: int = BASE_BLOCK_TOKENS):
     """Bytes one sequence occupies in the hybrid pool (whole pages), per GPU."""
-    ctx = np.asarray(context, dtype=float)
+    ctx = np.asarray(context_tokens, dtype=float)
     page, units = page_layout(specs, block_size)
     pages = sum(s.layers * _blocks(s, ctx, units[s.name]) for s in specs)
     return pages * page
 
 
-def exact_sequence_bytes(specs: tuple[KVSpec, ...], context, block_size: int = BASE_BLOCK_TOKENS,
+def exact_sequence_bytes(specs: tuple[KVSpec, ...], context_tokens,
+                         block_size: int = BASE_BLOCK_TOKENS,
                          by_spec: bool = False, free_windows: bool = True):
     """Bytes one sequence needs with each spec in its own exact-size blocks. With
     free_windows=False a window layer keeps every block, as a window-unaware allocator does."""
-    ctx = np.asarray(context, dtype=float)
+    ctx = np.asarray(context_tokens, dtype=float)
     parts = {}
     for s in specs:
         if s.unit_bytes == 0:
@@ -163,9 +167,9 @@ def exact_sequence_bytes(specs: tuple[KVSpec, ...], context, block_size: int = B
     return parts if by_spec else sum(parts.values())
 
 
-def unpadded_sequence_bytes(specs: tuple[KVSpec, ...], context):
+def unpadded_sequence_bytes(specs: tuple[KVSpec, ...], context_tokens):
     """Bytes with no block rounding at all: the floor every layout pads above."""
-    ctx = np.asarray(context, dtype=float)
+    ctx = np.asarray(context_tokens, dtype=float)
     total = 0.0 * ctx
     for s in specs:
         units = s.units(np.minimum(ctx, s.window)) if s.window is not None else s.units(ctx)
@@ -173,13 +177,14 @@ def unpadded_sequence_bytes(specs: tuple[KVSpec, ...], context):
     return total
 
 
-def kv_bytes_per_gpu(arch: Architecture, plan: ParallelPlan, context, kv_dtype: str | None = None,
+def kv_bytes_per_gpu(arch: Architecture, plan: ParallelPlan, context_tokens,
+                     kv_dtype: str | None = None,
                      block_size: int | None = BASE_BLOCK_TOKENS) -> float | np.ndarray:
     """KV one sequence holds on each GPU that holds it (exact per-spec blocks; no padding with
     block_size=None): the bytes a tier transfer moves per GPU."""
     specs = kv_specs(arch, plan, kv_dtype)
-    out = unpadded_sequence_bytes(specs, context) if block_size is None else \
-        exact_sequence_bytes(specs, context, block_size)
+    out = unpadded_sequence_bytes(specs, context_tokens) if block_size is None else \
+        exact_sequence_bytes(specs, context_tokens, block_size)
     return float(out) if np.ndim(out) == 0 else out
 
 
@@ -227,27 +232,28 @@ class HbmBudget:
     def usable_bytes(self) -> float:
         return self.hbm_bytes * self.gpu_memory_utilization
 
-    def sequence_bytes(self, context) -> np.ndarray:
+    def sequence_bytes(self, context_tokens) -> np.ndarray:
         """Pool bytes one sequence takes on each GPU holding it, padding included."""
         if self.allocator == "hybrid":
-            return hybrid_sequence_bytes(self.specs, context, self.block_size)
-        return exact_sequence_bytes(self.specs, context, self.block_size, free_windows=False)
+            return hybrid_sequence_bytes(self.specs, context_tokens, self.block_size)
+        return exact_sequence_bytes(self.specs, context_tokens, self.block_size, free_windows=False)
 
-    def max_sequences(self, context) -> np.ndarray:
-        """Concurrent sequences of `context` tokens the replica's KV pools hold (all DP ranks)."""
-        ctx = np.maximum(np.asarray(context, dtype=float), 1.0)
+    def max_sequences(self, context_tokens) -> np.ndarray:
+        """Concurrent sequences of `context_tokens` the replica's KV pools hold (all DP ranks)."""
+        ctx = np.maximum(np.asarray(context_tokens, dtype=float), 1.0)
         per_rank = np.floor(self.kv_pool_bytes / np.maximum(self.sequence_bytes(ctx), 1e-9))
         out = per_rank * self.dp
         return float(out) if np.ndim(out) == 0 else out
 
-    def kv_capacity_tokens(self, context) -> np.ndarray:
-        """Tokens of context the replica holds when every sequence is `context` long."""
-        return self.max_sequences(context) * np.maximum(np.asarray(context, dtype=float), 1.0)
+    def kv_capacity_tokens(self, context_tokens) -> np.ndarray:
+        """Tokens the replica holds when every sequence is `context_tokens` long."""
+        ctx = np.maximum(np.asarray(context_tokens, dtype=float), 1.0)
+        return self.max_sequences(context_tokens) * ctx
 
-    def padding_fraction(self, context) -> np.ndarray:
+    def padding_fraction(self, context_tokens) -> np.ndarray:
         """Share of a sequence's pool bytes that is block and page padding."""
-        used = self.sequence_bytes(context)
-        return 1.0 - unpadded_sequence_bytes(self.specs, context) / np.maximum(used, 1e-9)
+        used = self.sequence_bytes(context_tokens)
+        return 1.0 - unpadded_sequence_bytes(self.specs, context_tokens) / np.maximum(used, 1e-9)
 
     def summary(self) -> dict:
         return {"hbm_bytes": self.hbm_bytes, "usable_bytes": self.usable_bytes,

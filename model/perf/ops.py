@@ -12,14 +12,13 @@ Counts are for the whole replica (no parallel sharding; `model.perf.parallel` di
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 import sympy as sp
 
 from model.specs.dtypes import dtype
 from model.specs.layers import Architecture, Attention, Experts, Layer, Linear
-from model.specs.memo import IdentityMemo
 
 ACT_BYTES = 2.0  # bf16 activations between kernels
 STATE_BYTES = 4.0  # linear-attention recurrent state is kept in fp32 (KDA / GDN kernels)
@@ -163,9 +162,9 @@ def entry_elements(att: Attention) -> float:
     return float(att.num_kv_heads * (att.head_dim + att.v_head_dim))
 
 
-def attended_entries(att: Attention, context):
-    """Entries each query reads from the cache at `context` tokens (per attention kind)."""
-    ctx = np.asarray(context, float)
+def attended_entries(att: Attention, context_tokens):
+    """Entries each query reads from the cache at `context_tokens` (per attention kind)."""
+    ctx = np.asarray(context_tokens, float)
     window = float(att.window) if att.window else np.inf
     ratio = float(att.compress_ratio or 1)
     top_k = float(att.indexer.top_k) if att.indexer else np.inf
@@ -186,11 +185,11 @@ def attended_entries(att: Attention, context):
     return 0.0 * ctx  # linear
 
 
-def indexer_units(att: Attention, context):
+def indexer_units(att: Attention, context_tokens):
     """Cached units the indexer scores per query (0 when the kind has no indexer)."""
     if att.indexer is None:
-        return 0.0 * np.asarray(context, float)
-    ctx = np.asarray(context, float)
+        return 0.0 * np.asarray(context_tokens, float)
+    ctx = np.asarray(context_tokens, float)
     if att.kind == "csa":
         return ctx / float(att.compress_ratio or 1)
     # msa scores every cached token with its one shared index key and max-pools the scores per
@@ -206,15 +205,16 @@ def _core_dims(att: Attention, absorbed: bool) -> tuple[float, float]:
     return float(att.head_dim), float(att.v_head_dim)
 
 
-def attention_core_op(att: Attention, phase: str, tokens, seqs, context, kv_dtype: str,
+def attention_core_op(att: Attention, phase: str, tokens, seqs, context_tokens, kv_dtype: str,
                       count: int = 1, absorbed: bool | None = None) -> list[Op]:
-    """Core attention (no projections) for `tokens` queries over `seqs` sequences at `context`.
+    """Core attention (no projections) for `tokens` queries over `seqs` sequences at
+    `context_tokens`.
 
     MLA absorbs kv_b into q/o for decode (vLLM default); prefill runs unabsorbed and up-projects
     the cached latents. Sparse kinds (dsa/csa/msa) add their indexer op.
     """
     tokens = np.asarray(tokens, float)
-    z = np.zeros_like(tokens + np.asarray(context, float))
+    z = np.zeros_like(tokens + np.asarray(context_tokens, float))
     kv_b = dtype(kv_dtype).bytes
     if absorbed is None:
         absorbed = phase == "decode" or att.kind in ("dsa", "csa", "hca")
@@ -229,7 +229,7 @@ def attention_core_op(att: Attention, phase: str, tokens, seqs, context, kv_dtyp
                       shape={"attention": att, "phase": phase}))
         return ops
     dqk, dv = _core_dims(att, absorbed)
-    s_att = attended_entries(att, context)
+    s_att = attended_entries(att, context_tokens)
     e_bytes = entry_elements(att) * kv_b
     ops.append(Op(f"attn_{phase}", "attention", count,
                   flops=z + f("attn_flops", tokens, att.num_heads, dqk, dv, s_att),
@@ -240,7 +240,7 @@ def attention_core_op(att: Attention, phase: str, tokens, seqs, context, kv_dtyp
                   act_bytes=z + f("attn_act_bytes", tokens, att.num_heads, dqk, dv),
                   shape={"attention": att, "phase": phase, "absorbed": absorbed}))
     if att.kind == "mla" and not absorbed and att.kv_lora_rank:
-        cached = np.maximum(np.asarray(context, float) * seqs - tokens, 0.0)
+        cached = np.maximum(np.asarray(context_tokens, float) * seqs - tokens, 0.0)
         nope = float(att.head_dim - (att.qk_rope_head_dim or 0))
         ops.append(Op(f"mla_kv_up_{phase}", "linear", count,
                       flops=z + f("mla_kv_up_flops", cached, att.kv_lora_rank, att.num_heads,
@@ -251,7 +251,7 @@ def attention_core_op(att: Attention, phase: str, tokens, seqs, context, kv_dtyp
                              "k": att.kv_lora_rank, "dtype": "bf16", "m_from": "cached"}))
     if att.indexer is not None:
         idx = att.indexer
-        u = indexer_units(att, context)
+        u = indexer_units(att, context_tokens)
         ib = dtype(idx.cache_dtype).bytes
         ops.append(Op(f"indexer_{phase}", "indexer", count,
                       flops=z + f("indexer_flops", tokens, idx.num_heads, idx.head_dim, u),
@@ -293,22 +293,18 @@ def layer_signature(layer: Layer) -> tuple:
     return (layer.attention, layer.mlp, layer.mtp)
 
 
-_GROUPS = IdentityMemo(512)
+def grouped_layers(layers) -> tuple[tuple[Layer, int], ...]:
+    """(layer, count) per distinct layer signature, in first-seen order (cached per tuple of
+    layers: a layer's hash is computed once, see `model.specs.layers.Layer`)."""
+    return _grouped(tuple(layers))
 
 
-def grouped_layers(layers) -> list[tuple[Layer, int]]:
-    """(layer, count) per distinct layer signature, in first-seen order (memoized per tuple:
-    hashing the nested layer dataclasses is what costs)."""
-    if isinstance(layers, tuple):
-        return _GROUPS.get(layers, None, lambda: _group(layers))
-    return _group(layers)
-
-
-def _group(layers) -> list[tuple[Layer, int]]:
+@lru_cache(maxsize=512)
+def _grouped(layers: tuple[Layer, ...]) -> tuple[tuple[Layer, int], ...]:
     groups: dict[tuple, list] = {}
     for layer in layers:
         groups.setdefault(layer_signature(layer), [layer, 0])[1] += 1
-    return [(g[0], g[1]) for g in groups.values()]
+    return tuple((g[0], g[1]) for g in groups.values())
 
 
 def layer_ops(layer: Layer, count: int, step: Step, kv_dtype: str, width: int,

@@ -5,11 +5,12 @@ Degrees follow vLLM / aiconfigurator semantics:
   dp > 1 with expert parallelism), x `pcp` prefill context parallel ranks;
 - MoE layers: the same GPUs regrouped as `moe_tp` x `ep` (moe_tp * ep == tp * dp * pcp);
 - `dcp` decode context parallel shards the KV along the sequence inside the TP group
-  (dcp divides tp; KV is no longer duplicated across those ranks);
+  (dcp divides tp; KV is not duplicated across those ranks);
 - `pp` pipeline stages multiply everything; `sp` shards norms/activations along tokens in TP.
 
 This module adds the rules on top: validity, sharding of weights / KV / compute, and the
-collectives each plan adds per layer (theory.md §1.2-1.4, §3.5, §4).
+collectives each plan adds per layer (vLLM docs/serving/data_parallel_deployment.md,
+expert_parallel_deployment.md, context_parallel_deployment.md).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from model.perf.ops import entry_elements, grouped_layers
 from model.specs.dtypes import dtype
 from model.specs.errors import Infeasible
 from model.specs.layers import Architecture, Attention, Layer, Linear
-from model.specs.memo import IdentityMemo
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def normalize_plan(arch: Architecture, plan: ParallelPlan) -> ParallelPlan:
 # ---- validity ----------------------------------------------------------------------------------
 def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
                   cross_domain_tp: bool = False) -> None:
-    """Raise Infeasible naming the first rule the plan breaks (theory.md §1.2-1.4).
+    """Raise Infeasible naming the first rule the plan breaks.
 
     TP beyond the scale-up domain is refused unless `cross_domain_tp` (measured runs exist that
     do it; its all-reduces then run over the scale-out network)."""
@@ -107,8 +108,6 @@ def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
                          f"{domain} GPUs on {getattr(hw, 'name', 'this chip')}")
     if p.pp > len(arch.main_layers):
         raise Infeasible(f"plan {p.label()}: pp={p.pp} exceeds {len(arch.main_layers)} layers")
-    from model.perf.ops import grouped_layers  # identical layers obey identical rules
-
     for layer, _ in grouped_layers(arch.main_layers):
         att = layer.attention
         if att.num_heads % p.tp:
@@ -167,7 +166,7 @@ def linear_shard(lin: Linear, plan: ParallelPlan) -> int:
 
 
 def kv_shard(att: Attention, plan: ParallelPlan) -> int:
-    """How many ways one sequence's KV of this layer is split inside its TP group (§3.5).
+    """How many ways one sequence's KV of this layer is split inside its TP group.
 
     GQA: min(tp, K) x dcp; MLA family: dcp (fully duplicated under plain TP); linear: tp.
     """
@@ -200,16 +199,10 @@ def weight_bytes_per_gpu(arch: Architecture, plan: ParallelPlan, with_mtp: bool 
             + heads / plan.tp / plan.pp)
 
 
-_WEIGHT_CLASSES = IdentityMemo()
-
-
+@lru_cache(maxsize=256)
 def _weight_classes(arch: Architecture, with_mtp: bool) -> tuple[float, float, float, float]:
     """(TP-sharded, replicated, routed-expert, embedding + LM head) weight bytes of the
-    architecture, summed once per architecture object (plans only divide them)."""
-    return _WEIGHT_CLASSES.get(arch, with_mtp, lambda: _sum_weight_classes(arch, with_mtp))
-
-
-def _sum_weight_classes(arch: Architecture, with_mtp: bool) -> tuple[float, float, float, float]:
+    architecture, summed once per architecture (plans only divide them)."""
     sharded = replicated = experts = 0.0
     for layer in arch.main_layers + (arch.mtp_layers if with_mtp else ()):
         for lin in layer.attention.projections + layer.mlp.projections:
@@ -286,7 +279,8 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
                                   n_ar * count))
     if has_experts and p.ep > 1 and p.dp * p.pcp > 1:
         ex = layer.mlp.experts
-        # tokens leave their rank once per top-k expert (DeepEP logical bytes, theory T38)
+        # tokens leave their rank once per top-k expert (DeepEP's logical bytes,
+        # github.com/deepseek-ai/DeepEP README)
         per_rank = tok_rank
         a2a_scope = scope_of(p.ep, hw)
         disp = per_rank * ex.top_k * ex.hidden_size * dtype(dispatch_dtype).bytes
@@ -300,8 +294,6 @@ def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: 
         out += [Collective("moe_all_gather", "all_gather", size, p.moe_tp, sc, count),
                 Collective("moe_reduce_scatter", "reduce_scatter", size, p.moe_tp, sc, count)]
     att = layer.attention
-    from model.perf.ops import entry_elements
-
     if p.dcp > 1 and att.kind != "linear":
         q_bytes = dec / p.dp * att.num_heads * att.head_dim * act
         o_bytes = dec / p.dp * att.num_heads * (att.v_head_dim + 2) * act  # + LSE
@@ -379,7 +371,7 @@ def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both") -> l
     return sorted(set(plans), key=lambda q: (q.pp, -q.tp, q.dp, q.ep, q.pcp, q.dcp))
 
 
-# ---- small closed forms used by the search and the tests (theory.md §13) -------------------------
+# ---- small closed forms used by the search and the tests ---------------------------------------
 def dcp_rank_of_token(token_index, dcp: int, interleave: int = 1):
     """DCP rank storing a token's KV: (i // interleave) mod dcp (vLLM interleaved layout)."""
     return (np.asarray(token_index) // interleave) % dcp

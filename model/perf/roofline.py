@@ -24,39 +24,40 @@ from functools import lru_cache
 
 import numpy as np
 
+from model.perf import kernels
 from model.perf.kernels import KernelParams, params_for
 from model.specs.dtypes import dtype as _dtype
 from model.specs.errors import Infeasible
-from model.specs.memo import IdentityMemo
 
 ACT_BYTES = 2.0  # bf16 activations and outputs
 STATE_BYTES = 4.0  # fp32 recurrent state of linear attention (KDA/GDN kernels keep it in fp32)
 
-# Attention kind -> calibrated family (the measured table whose fit it uses).
 # Indexer scores in an 8-bit cache run on the fp8 tensor path, twice the bf16 rate on every
-# chip in research/hardware.md §1 with an fp8 rate; counted as bf16-equivalent FLOPs.
+# GPU of hardware/*.yaml; counted as bf16-equivalent FLOPs.
 INDEXER_RATE_FACTOR = {"fp8": 0.5, "fp4": 0.25}
 
 LINEAR_CHUNK = 64  # chunk length of chunked linear-attention prefill kernels (FLA, flashkda)
 MSA_GROUP_TILE = 16  # minimum tl.dot rows in the Triton MSA kernel
 SPARSE_HEAD_TILE = 64  # query heads per CTA in FlashMLA sparse / DSV4 attention kernels
 
+# Attention kind -> calibrated family (the measured table whose fit it uses).
 ATTENTION_FAMILY = {"gqa": "gqa", "swa": "gqa", "mla": "mla", "dsa": "mla", "csa": "csa",
                     "hca": "hca", "msa": "msa", "linear": "linear"}
 PHASES = ("prefill", "decode")
 
 
-_RATE_CACHE: dict = {}
-
-
+@lru_cache(maxsize=1024)
 def compute_rate(dtype_name: str, hw) -> tuple[str, float]:
     """(rate key, peak FLOP/s) a GEMM in this storage format runs at on `hw`."""
-    hit = _RATE_CACHE.get((id(hw), dtype_name))
-    if hit is not None and hit[0] is hw:
-        return hit[1]
-    out = _compute_rate(dtype_name, hw)
-    _RATE_CACHE[(id(hw), dtype_name)] = (hw, out)
-    return out
+    return _compute_rate(dtype_name, hw)
+
+
+def clear_cache() -> None:
+    """Forget loaded kernel parameters and everything built from them (after
+    `python -m model.fit.calibrate` rewrites kernels.yaml)."""
+    kernels.clear_cache()
+    for cached in (compute_rate, _capped, _gemm_columns):
+        cached.cache_clear()
 
 
 def _compute_rate(dtype_name: str, hw) -> tuple[str, float]:
@@ -136,7 +137,7 @@ def gemm_times_s(m, shapes, hw) -> np.ndarray:
     a step model prices a dozen projections per layer group in one pass instead of a dozen."""
     m = np.asarray(m, dtype=float)
     shapes = tuple(shapes)
-    columns = _GEMM_COLUMNS.get(hw, shapes, lambda: _gemm_columns(shapes, hw))
+    columns = _gemm_columns(shapes, hw)
     c, half, per_m, fixed, overhead, per_row = (
         col.reshape((-1,) + (1,) * m.ndim) for col in columns)
     t_compute = c * (m + half) * (m > 0)
@@ -144,10 +145,9 @@ def gemm_times_s(m, shapes, hw) -> np.ndarray:
     return np.maximum(t_compute, t_memory) + overhead + per_row * m
 
 
-_GEMM_COLUMNS = IdentityMemo(4096)  # (hw, shapes) -> per-matrix factors
-
-
-def _gemm_columns(shapes, hw) -> tuple[np.ndarray, ...]:
+@lru_cache(maxsize=4096)
+def _gemm_columns(shapes: tuple, hw) -> tuple[np.ndarray, ...]:
+    """Per-matrix factors of gemm_times_s (one entry per (n, k, dtype) of `shapes`)."""
     cols = []
     for n, k, dtype in shapes:
         d = lookup_dtype(dtype)
@@ -166,7 +166,7 @@ def _gemm_columns(shapes, hw) -> tuple[np.ndarray, ...]:
 
 def experts_touched(tokens, top_k, num_experts):
     """Expected distinct experts hit by `tokens` tokens each routed to top_k of num_experts
-    (uniform routing): E (1 - (1 - k/E)^T)  (theory.md §4.3)."""
+    (uniform routing): E (1 - (1 - k/E)^T), the expected number of occupied bins."""
     tokens = np.asarray(tokens, dtype=float)
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
@@ -244,6 +244,98 @@ def entry_dims(attention) -> int:
     return int(attention.num_kv_heads * (attention.head_dim + attention.v_head_dim))
 
 
+def _indexer_counts(ix, b, n, scored, read_keys):
+    """(flops, bytes) of an indexer scoring `scored` entries per query and reading `read_keys`
+    cached index keys per sequence (bf16-equivalent FLOPs before INDEXER_RATE_FACTOR)."""
+    return (2.0 * b * n * ix.num_heads * ix.head_dim * scored,
+            b * read_keys * ix.head_dim * lookup_dtype(ix.cache_dtype).bytes)
+
+
+def _softmax_counts(kind, phase, b, n, c, a, heads, kv_bytes, tp, qo_bytes):
+    """gqa / swa / msa: plain KV entries; msa's indexer keeps top_k blocks."""
+    kv_heads = max(1, -(-a.num_kv_heads // tp))
+    per_entry = kv_heads * (a.head_dim + a.v_head_dim) * kv_bytes
+    window = a.window if kind == "swa" else None
+    att = mean_attended(n, c, window)
+    read = keys_read(n, c, window)
+    idx_flops = idx_bytes = 0.0
+    if kind == "msa" and a.indexer is not None:
+        idx_flops, idx_bytes = _indexer_counts(a.indexer, b, n, mean_attended(n, c), c)
+        selected = float(a.indexer.top_k * a.indexer.block_size)
+        att = np.minimum(att, selected)
+        if phase == "decode":
+            read = np.minimum(read, selected + n)
+    eff_heads = heads
+    if kind == "msa":  # the sparse kernel runs a KV group's heads as one >= 16-row tile
+        group = -(-heads // kv_heads)
+        eff_heads = kv_heads * max(group, MSA_GROUP_TILE)
+    flops = 2.0 * b * n * eff_heads * (a.head_dim + a.v_head_dim) * att
+    bytes_ = b * (read * per_entry + n * per_entry) + qo_bytes
+    # decode kernels pack the query heads of a KV group into one tile; prefill tiles queries
+    rows = n * heads / kv_heads if phase == "decode" else n
+    return flops, bytes_, rows, idx_flops, idx_bytes
+
+
+def _latent_counts(kind, phase, b, n, c, a, heads, kv_bytes, qo_bytes):
+    """mla / dsa: compressed latent entries; dsa's indexer keeps top_k tokens."""
+    dims = entry_dims(a)
+    latent = a.kv_lora_rank or a.v_head_dim
+    att = mean_attended(n, c)
+    read = c
+    idx_flops = idx_bytes = 0.0
+    if kind == "dsa" and a.indexer is not None:
+        idx_flops, idx_bytes = _indexer_counts(a.indexer, b, n, att, c)
+        att = np.minimum(att, float(a.indexer.top_k))
+        if phase == "decode":  # prefill queries jointly touch the whole context
+            read = np.minimum(c, float(a.indexer.top_k) + n)
+    if phase == "decode":  # weight-absorbed: MQA over the latent (576 qk, 512 v)
+        flops = 2.0 * b * n * heads * (dims + latent) * att
+        rows = n * heads
+    else:  # expanded: per-head nope+rope / v dims, plus up-projecting the cached latents
+        nope = a.head_dim - (a.qk_rope_head_dim or 0)
+        flops = (2.0 * b * n * heads * (a.head_dim + a.v_head_dim) * att
+                 + 2.0 * b * read * latent * heads * (nope + a.v_head_dim))
+        rows = n
+    bytes_ = b * (read + n) * dims * kv_bytes + qo_bytes
+    return flops, bytes_, rows, idx_flops, idx_bytes
+
+
+def _compressed_counts(kind, b, n, c, a, heads, kv_bytes, qo_bytes):
+    """csa / hca: compressed entries plus a local window; csa's indexer gathers top_k entries
+    per query (token-level sparse)."""
+    dims = entry_dims(a)
+    ratio = float(a.compress_ratio or 1)
+    window = a.window or 0
+    att_local = mean_attended(n, c, window) if window else 0.0
+    att_comp = mean_attended(n, c) / ratio
+    read_comp = c / ratio
+    idx_flops = idx_bytes = 0.0
+    if kind == "csa" and a.indexer is not None:
+        idx_flops, idx_bytes = _indexer_counts(a.indexer, b, n, att_comp, read_comp)
+        att_comp = np.minimum(att_comp, float(a.indexer.top_k))
+        read_comp = n * att_comp
+    att = att_comp + att_local
+    read = read_comp + (keys_read(n, c, window) if window else 0.0)
+    # FlashMLA-style sparse kernels tile 64 query heads per CTA: fewer heads are padded
+    padded = -(-heads // SPARSE_HEAD_TILE) * SPARSE_HEAD_TILE
+    flops = 2.0 * b * n * padded * (a.head_dim + a.v_head_dim) * att
+    bytes_ = b * (read + n) * dims * kv_bytes + qo_bytes
+    return flops, bytes_, n * heads, idx_flops, idx_bytes
+
+
+def _linear_counts(phase, b, n, a, heads, tp):
+    """linear: a fixed recurrent state per sequence. Per token: decay + rank-1 delta update +
+    readout ~ 6 flops per state element, plus (prefill, chunked form) intra-chunk attention
+    over LINEAR_CHUNK tokens."""
+    state = float(a.state_elements)
+    flops = 6.0 * b * n * state / tp
+    if phase == "prefill":
+        flops = flops + 4.0 * b * n * LINEAR_CHUNK * heads * (a.head_dim + a.v_head_dim)
+    io = b * n * 4.0 * heads * a.head_dim * ACT_BYTES  # q, k, v, gate in; o out ~ 4 vectors
+    bytes_ = b * (2.0 * state * STATE_BYTES + 2.0 * a.conv_elements * ACT_BYTES) / tp + io
+    return flops, bytes_, n, 0.0, 0.0
+
+
 def attention_flops_bytes(kind: str, phase: str, batch, new_tokens, context_tokens, attention,
                           kv_bytes: float, tp: int = 1):
     """(flops, hbm bytes, rows m) of core attention for one layer on one GPU."""
@@ -253,84 +345,18 @@ def attention_flops_bytes(kind: str, phase: str, batch, new_tokens, context_toke
     a = attention
     heads = -(-a.num_heads // tp)
     qo_bytes = b * n * heads * (a.head_dim + a.v_head_dim) * ACT_BYTES
-    idx_flops = idx_bytes = 0.0
     if kind in ("gqa", "swa", "msa"):
-        kv_heads = max(1, -(-a.num_kv_heads // tp))
-        per_entry = kv_heads * (a.head_dim + a.v_head_dim) * kv_bytes
-        window = a.window if kind == "swa" else None
-        att = mean_attended(n, c, window)
-        read = keys_read(n, c, window)
-        if kind == "msa" and a.indexer is not None:
-            ix = a.indexer
-            idx_flops = 2.0 * b * n * ix.num_heads * ix.head_dim * mean_attended(n, c)
-            idx_bytes = b * c * ix.head_dim * lookup_dtype(ix.cache_dtype).bytes
-            selected = float(ix.top_k * ix.block_size)
-            att = np.minimum(att, selected)
-            if phase == "decode":
-                read = np.minimum(read, selected + n)
-        eff_heads = heads
-        if kind == "msa":  # the sparse kernel runs a KV group's heads as one >= 16-row tile
-            group = -(-heads // kv_heads)
-            eff_heads = kv_heads * max(group, MSA_GROUP_TILE)
-        flops = 2.0 * b * n * eff_heads * (a.head_dim + a.v_head_dim) * att
-        bytes_ = b * (read * per_entry + n * per_entry) + qo_bytes
-        # decode kernels pack the query heads of a KV group into one tile; prefill tiles queries
-        rows = n * heads / kv_heads if phase == "decode" else n
+        counts = _softmax_counts(kind, phase, b, n, c, a, heads, kv_bytes, tp, qo_bytes)
     elif kind in ("mla", "dsa"):
-        dims = entry_dims(a)
-        latent = a.kv_lora_rank or a.v_head_dim
-        att = mean_attended(n, c)
-        read = c
-        if kind == "dsa" and a.indexer is not None:
-            ix = a.indexer
-            idx_flops = 2.0 * b * n * ix.num_heads * ix.head_dim * att
-            idx_bytes = b * c * ix.head_dim * lookup_dtype(ix.cache_dtype).bytes
-            att = np.minimum(att, float(ix.top_k))
-            if phase == "decode":  # prefill queries jointly touch the whole context
-                read = np.minimum(c, float(ix.top_k) + n)
-        if phase == "decode":  # weight-absorbed: MQA over the latent (576 qk, 512 v)
-            flops = 2.0 * b * n * heads * (dims + latent) * att
-            rows = n * heads
-        else:  # expanded: per-head nope+rope / v dims, plus up-projecting the cached latents
-            nope = a.head_dim - (a.qk_rope_head_dim or 0)
-            flops = (2.0 * b * n * heads * (a.head_dim + a.v_head_dim) * att
-                     + 2.0 * b * read * latent * heads * (nope + a.v_head_dim))
-            rows = n
-        bytes_ = b * (read + n) * dims * kv_bytes + qo_bytes
+        counts = _latent_counts(kind, phase, b, n, c, a, heads, kv_bytes, qo_bytes)
     elif kind in ("csa", "hca"):
-        dims = entry_dims(a)
-        ratio = float(a.compress_ratio or 1)
-        window = a.window or 0
-        att_local = mean_attended(n, c, window) if window else 0.0
-        att_comp = mean_attended(n, c) / ratio
-        read_comp = c / ratio
-        if kind == "csa" and a.indexer is not None:
-            ix = a.indexer
-            idx_flops = 2.0 * b * n * ix.num_heads * ix.head_dim * att_comp
-            idx_bytes = b * read_comp * ix.head_dim * lookup_dtype(ix.cache_dtype).bytes
-            att_comp = np.minimum(att_comp, float(ix.top_k))
-            # token-level sparse: every query gathers its own top_k entries
-            read_comp = n * att_comp
-        att = att_comp + att_local
-        read = read_comp + (keys_read(n, c, window) if window else 0.0)
-        # FlashMLA-style sparse kernels tile 64 query heads per CTA: fewer heads are padded
-        padded = -(-heads // SPARSE_HEAD_TILE) * SPARSE_HEAD_TILE
-        flops = 2.0 * b * n * padded * (a.head_dim + a.v_head_dim) * att
-        bytes_ = b * (read + n) * dims * kv_bytes + qo_bytes
-        rows = n * heads
+        counts = _compressed_counts(kind, b, n, c, a, heads, kv_bytes, qo_bytes)
     elif kind == "linear":
-        state = float(a.state_elements)
-        # per token: decay + rank-1 delta update + readout ~ 6 flops per state element, plus
-        # (prefill, chunked form) intra-chunk attention over LINEAR_CHUNK tokens
-        flops = 6.0 * b * n * state / tp
-        if phase == "prefill":
-            flops = flops + 4.0 * b * n * LINEAR_CHUNK * heads * (a.head_dim + a.v_head_dim)
-        io = b * n * 4.0 * heads * a.head_dim * ACT_BYTES  # q, k, v, gate in; o out ~ 4 vectors
-        bytes_ = b * (2.0 * state * STATE_BYTES + 2.0 * a.conv_elements * ACT_BYTES) / tp + io
-        rows = n
+        counts = _linear_counts(phase, b, n, a, heads, tp)
     else:
         raise Infeasible(f"attention kind {kind!r} unknown; allowed: "
                          f"{', '.join(ATTENTION_FAMILY)}")
+    flops, bytes_, rows, idx_flops, idx_bytes = counts
     if a.indexer is not None:
         idx_flops = idx_flops * INDEXER_RATE_FACTOR.get(lookup_dtype(a.indexer.cache_dtype).rate,
                                                         1.0)

@@ -1,11 +1,11 @@
 """The KV memory hierarchy below HBM: host memory, local NVMe, a distributed pool; transfer
 times, reload vs recompute, and what tool-call gaps let a prefetch hide.
 
-Tiers, per GPU (capacities and link rates from the Hardware spec, research/theory.md §1.6, §9):
+Tiers, per GPU (capacities and link rates from the Hardware spec):
 - `hbm`: the KV pool (model.perf.memory.hbm_budget).
 - `host`: CPU DRAM over PCIe, or NVLink-C2C on Grace systems (GB200/GB300); vLLM
   OffloadingConnector copies with DMA at ~50 of 64 GB/s on PCIe Gen5 when blocks are packed
-  (vLLM offload blog, theory.md §1.6) -> HOST_DMA_EFFICIENCY.
+  (vLLM blog "Inside vLLM's New KV Offloading Connector") -> HOST_DMA_EFFICIENCY.
 - `nvme`: local drives, staged through host memory (vLLM TieringOffloadingSpec), so the rate is
   the slower of the drive and the host link.
 - `remote`: a Mooncake-store style pool over RDMA: the GPU's scale-out NIC share.
@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.perf.memory import hbm_budget, kv_bytes_per_gpu
 from model.perf.parallel import ParallelPlan, normalize_plan
+from model.perf.step import build_step_model
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
 
 HOST_DMA_EFFICIENCY = 50.0 / 64.0  # vLLM offload blog: ~50 GB/s one way on PCIe Gen5 x16 (H100)
-RDMA_EFFICIENCY = 0.9  # assumed; DeepEP internode kernels reach ~90% of a 400G NIC (theory §9)
+RDMA_EFFICIENCY = 0.9  # assumed; DeepEP internode kernels reach ~90% of a 400G NIC (DeepEP README)
 HOST_KV_FRACTION = 0.8  # assumed share of host DRAM given to the KV tier (rest: OS, weights, pinned)
 LATENCY_S = {"hbm": 0.0, "host": 10e-6, "nvme": 100e-6, "remote": 1e-3}  # assumed: DMA launch,
 # NVMe read, store lookup + RDMA setup (the Mooncake lookup the seed PRs move off the critical path)
@@ -77,8 +79,6 @@ def kv_bytes_per_token_per_gpu(arch, plan: ParallelPlan, kv_dtype: str | None = 
                                context_tokens: float = 131072.0) -> float:
     """Average KV bytes one token of context costs each GPU that holds its sequence, at a
     typical context (windows and fixed state amortized over it)."""
-    from model.perf.memory import kv_bytes_per_gpu
-
     plan = normalize_plan(arch, plan)
     return float(kv_bytes_per_gpu(arch, plan, context_tokens, kv_dtype, block_size=None)) \
         / context_tokens
@@ -90,8 +90,6 @@ def tier_capacity_tokens(arch, hw, plan: ParallelPlan, kv_dtype: str | None = No
     """Tokens of context one replica can keep in each tier (hbm from model.perf.memory.hbm_budget):
     what `model.serve.cache_model.hit_rate` takes as `capacity_tokens`. Attention-DP ranks hold
     different sequences, so their tiers add up; TP ranks hold shares of the same tokens."""
-    from model.perf.memory import hbm_budget
-
     plan = normalize_plan(arch, plan)
     budget = budget or hbm_budget(arch, hw, plan, kv_dtype=kv_dtype)
     per_token = kv_bytes_per_token_per_gpu(arch, plan, kv_dtype, context_tokens)
@@ -115,8 +113,6 @@ def kv_load_time_s(arch, hw, plan: ParallelPlan, context_tokens, tier: str | Tie
                    kv_dtype: str | None = None) -> np.ndarray:
     """Time to bring one sequence's KV of `context_tokens` into HBM: every GPU of the replica
     that holds part of it pulls its share over its own link in parallel."""
-    from model.perf.memory import kv_bytes_per_gpu
-
     plan = normalize_plan(arch, plan)
     nbytes = kv_bytes_per_gpu(arch, plan, context_tokens, kv_dtype, block_size=None)
     return _tier(hw, tier).transfer_time_s(nbytes)
@@ -127,13 +123,11 @@ def recompute_time_s(arch, hw, plan: ParallelPlan, context_tokens, kv_dtype: str
                      mode: str = "batched", decode_seqs: float = BUSY_DECODE_SEQS,
                      decode_context: float = BUSY_DECODE_CONTEXT) -> np.ndarray:
     """Time to recompute a prefix of `context_tokens` by chunked prefill (chunks of
-    `chunk_tokens`, chunk k attending to everything before it), from engineer D's
-    StepModel.step_time_s:
+    `chunk_tokens`, chunk k attending to everything before it), from the step model's
+    step_time_s:
     - mode "solo": the replica does nothing else (the latency of one cold turn);
     - mode "batched": the marginal cost on a busy engine already running `decode_seqs` decodes
       at `decode_context` (weights are streamed anyway, so only the extra work counts)."""
-    from model.perf.step import build_step_model
-
     if mode not in ("solo", "batched"):
         raise ServecastError(f"recompute mode {mode!r}; allowed: solo, batched")
     model = step_model or build_step_model(arch, hw, plan, kv_dtype=kv_dtype)
@@ -154,13 +148,13 @@ def recompute_time_s(arch, hw, plan: ParallelPlan, context_tokens, kv_dtype: str
 def recompute_time_physics_s(active_params: float, context_tokens, peak_flops_per_s: float,
                              mfu: float = 0.5, gpus: int = 1) -> np.ndarray:
     """Lower bound without attention: 2 * active params * tokens / (gpus * peak * MFU)
-    (theory.md §9)."""
+    (reload vs recompute: Meng, Lee, Wang, arXiv 2601.19910)."""
     return 2.0 * active_params * np.asarray(context_tokens, dtype=float) / (gpus * peak_flops_per_s * mfu)
 
 
 def kappa(active_params: float, bandwidth_bytes_per_s: float, peak_flops_per_s: float,
           kv_bytes_per_token: float) -> float:
-    """Load-to-recompute token-rate ratio before MFU: kappa = 2 N W / (C b_kv) (theory.md §9)."""
+    """Load-to-recompute token-rate ratio before MFU: kappa = 2 N W / (C b_kv) (arXiv 2601.19910)."""
     return 2.0 * active_params * bandwidth_bytes_per_s / (peak_flops_per_s * kv_bytes_per_token)
 
 

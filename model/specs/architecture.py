@@ -11,12 +11,13 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from model import ROOT
+from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError, SpecError
 from model.specs.families import deepseek, gqa, hybrid, mixed_window
 from model.specs.families.common import Builder, Parts
@@ -45,8 +46,18 @@ FAMILIES: dict[str, tuple[str, Callable[[Builder], Parts]]] = {
     "qwen3_vl_moe_text": ("qwen3_moe", gqa.build_moe),
     "minimax_m2": ("minimax_m2", gqa.build_moe),
     "gpt_oss": ("gpt_oss", gqa.build_moe),
-    **hybrid.FAMILIES,
-    **mixed_window.FAMILIES,
+    "kimi_linear": ("kimi_linear", hybrid.build_kimi_linear),
+    "minimax_m1": ("minimax_m1", hybrid.build_minimax_m1),
+    "minimax_m3": ("minimax_m3", hybrid.build_minimax_m3),
+    "minimax_m3_vl": ("minimax_m3", hybrid.build_minimax_m3),
+    "qwen3_next": ("qwen3_next", hybrid.build_qwen_next),
+    "qwen3_5_text": ("qwen3_next", hybrid.build_qwen_next),
+    "qwen3_5_moe_text": ("qwen3_next", hybrid.build_qwen_next),
+    "nemotron_h": ("nemotron_h", hybrid.build_nemotron_h),
+    "llama4_text": ("llama4", mixed_window.build_llama4),
+    "gemma4_text": ("gemma4", mixed_window.build_gemma4),
+    "step3p7": ("step3p7", mixed_window.build_step3p7),
+    "mimo_v2_flash": ("mimo_v2", mixed_window.build_mimo_v2),
 }
 # model_types seen in data/architectures/ that model.specs.layers cannot express yet, with the reason
 UNSUPPORTED: dict[str, str] = {
@@ -223,8 +234,6 @@ def aliases_of(path: Path) -> tuple[str, ...]:
 
 @lru_cache(maxsize=256)
 def _load(path: str, name: str, hf_id: str, weight_dtype: str | None) -> Architecture:
-    from dataclasses import replace
-
     arch = build(_read_json(Path(path)), Path(path), name, hf_id, weight_dtype)
     return replace(arch, aliases=aliases_of(Path(path)))
 
@@ -234,7 +243,5 @@ def load_architecture(name_or_hf_id_or_path: str, weight_dtype: str | None = Non
     checkpoint's precision for every quantizable Linear (embeddings, head, routers stay bf16)."""
     entry = resolve(name_or_hf_id_or_path)
     if weight_dtype is not None:
-        from model.specs.dtypes import dtype
-
         weight_dtype = dtype(weight_dtype).name
     return _load(str(entry.path), entry.name, entry.hf_id, weight_dtype or entry.weight_dtype)

@@ -4,15 +4,17 @@ A spec file states each quantity in the unit its source uses, with provenance:
 
     hbm_bandwidth: {value: 8.0, unit: TB/s, source: S05, date: 2025-08, note: "..."}
 
-and a `sources:` table (id -> title, url, accessed, kind). Loading validates the file strictly
-(unknown or missing keys, numbers that YAML read as text, units, plausible ranges, cited source
-ids, dense-rate ordering) and converts it to a frozen `Hardware` in SI units whose field names
-carry their unit. `provenance` maps each `Hardware` field to the sources behind it.
+The source ids resolve in `hardware/sources.yaml` (id -> title, url or method, accessed, kind),
+which every chip shares; a spec file outside the repository may add its own `sources:` table.
+Loading validates the file strictly (unknown or missing keys, numbers that YAML read as text,
+units, plausible ranges, cited source ids, dense-rate ordering) and converts it to a frozen
+`Hardware` in SI units whose field names carry their unit. `provenance` maps each `Hardware`
+field to the sources behind it; `sources` holds the entries the spec cites.
 
 Adding a chip is adding a file: copy a close one, keep every key (`HardwareFile` lists them; the
 allowed units per key are in `UNITS`/`SCALARS`), cite each value, and state dense (non-sparse)
 rates. A value no publication gives is still written, citing a source of `kind: assumption` whose
-title says how it was derived; `Hardware.provenance[field].assumed` then flags it.
+`method` says how it was derived; `Hardware.provenance[field].assumed` then flags it.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from model.specs.specio import (
     Sourced,
     Strict,
     read_yaml_mapping,
+    validated,
     validation_problem,
 )
 
 HARDWARE_DIR = ROOT / "hardware"
+SOURCES_YAML = HARDWARE_DIR / "sources.yaml"
 RATES = ("fp32", "bf16", "fp8", "fp4", "int8")
 FP4_FORMATS = ("nvfp4", "mxfp4")
 CALIBRATION_REFERENCES = ("h100_sxm", "h200_sxm", "b200_sxm")
@@ -123,6 +127,12 @@ class HardwareFile(Strict):
     capex_per_gpu: Quantity
     mamf_efficiency: dict[Literal["fp32", "bf16", "fp8", "fp4", "int8"], Quantity]
     notes: list[str] = []
+    sources: dict[Annotated[str, Field(pattern=ID)], Source] = {}  # beyond hardware/sources.yaml
+
+
+class SourcesFile(Strict):
+    """The on-disk schema of `hardware/sources.yaml`."""
+
     sources: dict[Annotated[str, Field(pattern=ID)], Source]
 
 
@@ -197,17 +207,17 @@ class Hardware(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# ---------------------------------------------------------------------------------------------
 # File -> Hardware
 
 
-def _cited(path: Path, key: str, source: list[str], table: dict[str, Source]) -> tuple:
+def _cited_ids(path: Path, key: str, source: list[str], table: dict[str, Source]) -> tuple:
     ids = tuple(source)
     if not ids:
         raise SpecError(path, f"{key}.source", "empty; cite at least one id of the sources table")
     for sid in ids:
         if sid not in table:
-            raise SpecError(path, f"{key}.source", f"{sid!r} is not in the sources table; "
+            raise SpecError(path, f"{key}.source", f"{sid!r} is not in the sources table "
+                            f"({SOURCES_YAML.name} or the file's own); "
                             f"allowed: {', '.join(table)}")
     return ids
 
@@ -229,13 +239,46 @@ def _si(path: Path, key: str, q: Quantity | Span, dimension: str,
 
 
 def _provenance(path: Path, key: str, q: Quantity | Span, table: dict[str, Source]) -> FieldSource:
-    ids = _cited(path, key, q.source, table)
+    ids = _cited_ids(path, key, q.source, table)
     return FieldSource(sources=ids, date=q.date, note=q.note,
                        assumed=any(table[i].kind == "assumption" for i in ids))
 
 
+def _checked_sources(path: Path, table: dict[str, Source]) -> dict[str, Source]:
+    """`table`, each entry with a public URL or a stated method."""
+    for sid, source in table.items():
+        if not (source.url or source.method):
+            raise SpecError(path, f"sources.{sid}", "needs a url, or a method saying how the "
+                            "figure was obtained")
+    return table
+
+
+@functools.lru_cache(maxsize=1)
+def shared_sources() -> dict[str, Source]:
+    """The sources every chip spec cites: `hardware/sources.yaml`."""
+    return _checked_sources(SOURCES_YAML, validated(SOURCES_YAML, SourcesFile).sources)
+
+
+def _source_table(path: Path, spec: HardwareFile) -> dict[str, Source]:
+    shared = shared_sources()
+    for sid in spec.sources:
+        if sid in shared:
+            raise SpecError(path, f"sources.{sid}", f"already defined in {SOURCES_YAML}; cite it "
+                            "without redefining it")
+    return {**shared, **_checked_sources(path, spec.sources)}
+
+
+def _cited(provenance: dict[str, FieldSource], notes: tuple[str, ...],
+           table: dict[str, Source]) -> dict[str, Source]:
+    """The entries of `table` that some value cites, or a note names as [id], in table order."""
+    cited = {sid for where in provenance.values() for sid in where.sources}
+    texts = [where.note or "" for where in provenance.values()] + list(notes)
+    cited |= {sid for text in texts for sid in re.findall(r"\[([A-Za-z0-9][\w-]*)\]", text)}
+    return {sid: source for sid, source in table.items() if sid in cited}
+
+
 def _build(path: Path, spec: HardwareFile) -> Hardware:
-    table = spec.sources
+    table = _source_table(path, spec)
     values: dict[str, Any] = {}
     provenance: dict[str, FieldSource] = {}
 
@@ -295,7 +338,8 @@ def _build(path: Path, spec: HardwareFile) -> Hardware:
         rental_usd_per_gpu_hour=(low, high), mamf_efficiency=mamf,
         calibration_reference=spec.calibration_reference.value,
         calibration_reason=spec.calibration_reference.reason, notes=tuple(spec.notes),
-        sources=dict(table), provenance=provenance, path=str(path), **values)
+        sources=_cited(provenance, tuple(spec.notes), table), provenance=provenance,
+        path=str(path), **values)
 
 
 @functools.lru_cache(maxsize=256)
@@ -319,6 +363,8 @@ def _index() -> dict[str, Path]:
     """Normalized name or alias -> file, over `hardware/*.yaml`."""
     index: dict[str, Path] = {}
     for path in sorted(HARDWARE_DIR.glob("*.yaml")):
+        if path == SOURCES_YAML:
+            continue
         hw = _load_file(str(path))
         if hw.name != path.stem:
             raise SpecError(path, "name", f"{hw.name!r} must equal the file name {path.stem!r}")

@@ -1,6 +1,7 @@
 """AgentX's system idle cap in closed form: the replay skips idle time when nothing is in flight.
 
-AIPerf's `agentic_replay` (scenario `inferencex-agentx-mvp`, research/workloads.md §1.5) keeps
+AIPerf's `agentic_replay` (scenario `inferencex-agentx-mvp`, https://github.com/SemiAnalysisAI/
+aiperf docs/tutorials/agentx-mvp.md) keeps
 each trajectory's recorded delays but with `--system-idle-gap-cap-seconds=10` shifts all timers
 forward whenever no request is in flight, so an interval with every lane in its gap lasts at
 most `cap_s`. At one session that caps every gap; at dozens some lane is almost always busy and

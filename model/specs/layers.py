@@ -27,6 +27,22 @@ AttentionKind = Literal[
 MlpKind = Literal["dense", "moe", "none"]
 
 
+def _hashed_once(cls: type) -> type:
+    """Give a frozen dataclass a hash computed once per object. Layers and architectures key
+    the per-architecture caches of model.perf, and rehashing ~100 nested layers on every lookup
+    would dominate a deployment search. The cached hash is left out of pickles (string hashes
+    differ between processes)."""
+    def _hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))
+
+    cached = cached_property(_hash)
+    cached.__set_name__(cls, "_hash")
+    cls._hash = cached
+    cls.__hash__ = lambda self: self._hash
+    cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    return cls
+
+
 @dataclass(frozen=True)
 class Linear:
     """A weight matrix applied to every token that reaches it: y[out] = W[out, in] x[in]."""
@@ -116,6 +132,7 @@ class Mlp:
         return sum(p.params for p in self.projections) + routed
 
 
+@_hashed_once
 @dataclass(frozen=True)
 class Layer:
     index: int
@@ -125,6 +142,7 @@ class Layer:
     extra_params: int = 0  # norms, hyper-connection mixers: counted, not GEMM-shaped
 
 
+@_hashed_once
 @dataclass(frozen=True)
 class Architecture:
     name: str  # short slug, e.g. deepseek-v4-pro
@@ -142,15 +160,6 @@ class Architecture:
     default_kv_dtype: str = "bf16"
     hyper_connections: int = 1  # residual stream width multiplier (DeepSeek V4 mHC: 4)
     aliases: tuple[str, ...] = field(default=())
-
-    def __hash__(self) -> int:
-        # computed once: architectures key many caches, and hashing ~100 nested layers on every
-        # lookup cost a second per deployment search
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            self.__dict__["_hash"] = h
-        return h
 
     @cached_property
     def main_layers(self) -> tuple[Layer, ...]:

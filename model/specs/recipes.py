@@ -163,7 +163,7 @@ def acceptance_for_tokens(tokens: int, acceptance_length: float, k: int) -> floa
     (AL(n) = 1 + p + ... + p^n, p solved from the measured point): the standard i.i.d.
     acceptance model of speculative decoding (Leviathan et al. 2023, eq. 1). Used where a
     deployment drafts fewer tokens than its recipe's golden acceptance length was measured at."""
-    from scipy.optimize import brentq
+    from scipy.optimize import brentq  # scipy only here: kept off the spec loaders' import path
 
     if k <= 0 or tokens <= 0:
         return 1.0

@@ -61,6 +61,7 @@ class Sourced(Strict):
 class Source(Strict):
     title: str
     url: str | None = None
+    method: str | None = None  # how the figure was obtained, where no public page gives it
     accessed: Annotated[str, Field(pattern=DATE)]
     kind: Literal["vendor", "third_party", "weak", "assumption"]
 

@@ -1,7 +1,7 @@
 """Trace loaders: every public trace format in `data/traces/` read into one shape.
 
 A trace is a list of `Session`s; a session is a time-ordered tuple of `Request`s. Formats
-(field meanings: `data/traces/README.md`, research/workloads.md):
+(field meanings: `data/traces/README.md`):
 - AgentX "Weka" JSON (one session per file, 64-token `hash_ids`, nested subagents),
 - Mooncake JSONL (one request per line, 512-token `hash_ids`, no session ids),
 - Azure LLM CSV (TIMESTAMP, ContextTokens, GeneratedTokens; no hashes),
@@ -30,7 +30,7 @@ from model.specs.errors import SpecError
 
 SessionKind = Literal["main", "subagent", "request"]
 AGENTX_BLOCK_TOKENS = 64  # AgentX / kv-cache-tester `block_size`
-MOONCAKE_BLOCK_TOKENS = 512  # Mooncake FAST'25 traces (research/workloads.md §3)
+MOONCAKE_BLOCK_TOKENS = 512  # Mooncake FAST'25 traces (kvcache-ai/Mooncake FAST25-release)
 
 
 @dataclass(frozen=True, eq=False)
@@ -380,7 +380,7 @@ def load_traces(paths: Iterable[str | Path]) -> list[Session]:
 
 def requests_table(sessions: Iterable[Session]):
     """One row per request (pandas DataFrame): the flat view profile fitting reads."""
-    import pandas as pd
+    import pandas as pd  # only this table needs pandas: kept off the loaders' import path
 
     rows = []
     for s in sessions:

@@ -18,121 +18,22 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from model import ROOT
 from model.specs.defaults import SYSTEM_IDLE_CAP_S, TURN_GAP_CAP_S
+from model.specs.distributions import Distribution, ProfileModel
 from model.specs.errors import ServecastError, SpecError
 from model.specs.specio import load_yaml
 
 WORKLOADS_DIR = ROOT / "data" / "workloads"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Fixed(_Strict):
-    kind: Literal["fixed"]
-    value: float = Field(ge=0)
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return np.full(n, float(self.value))
-
-    def mean(self) -> float:
-        return float(self.value)
-
-
-class Lognormal(_Strict):
-    kind: Literal["lognormal"]
-    mu: float  # mean of ln x
-    sigma: float = Field(ge=0)
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.lognormal(self.mu, self.sigma, n)
-
-    def mean(self) -> float:
-        return float(np.exp(self.mu + self.sigma**2 / 2))
-
-
-class Empirical(_Strict):
-    """Quantiles of a measured distribution; sampled by inverse CDF, linear between quantiles."""
-
-    kind: Literal["empirical"]
-    p: tuple[float, ...]  # increasing probabilities from 0 to 1
-    x: tuple[float, ...]  # the matching quantiles (non-decreasing)
-
-    @model_validator(mode="after")
-    def _check(self) -> Empirical:
-        p, x = np.asarray(self.p), np.asarray(self.x)
-        if len(p) != len(x) or len(p) < 2:
-            raise ValueError("p and x must have the same length (at least 2)")
-        if p[0] != 0.0 or p[-1] != 1.0 or np.any(np.diff(p) <= 0):
-            raise ValueError("p must increase strictly from 0 to 1")
-        if np.any(np.diff(x) < 0):
-            raise ValueError("x must be non-decreasing")
-        return self
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return np.interp(rng.random(n), self.p, self.x)
-
-    def mean(self) -> float:
-        p, x = np.asarray(self.p), np.asarray(self.x)
-        return float(np.sum(np.diff(p) * (x[1:] + x[:-1]) / 2))
-
-
-class Component(_Strict):
-    weight: float = Field(gt=0)
-    dist: Annotated[Fixed | Lognormal | Empirical, Field(discriminator="kind")]
-
-
-class Mixture(_Strict):
-    kind: Literal["mixture"]
-    components: tuple[Component, ...] = Field(min_length=1)
-
-    def _weights(self) -> np.ndarray:
-        w = np.array([c.weight for c in self.components])
-        return w / w.sum()
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        which = rng.choice(len(self.components), size=n, p=self._weights())
-        out = np.empty(n)
-        for i, comp in enumerate(self.components):
-            sel = which == i
-            out[sel] = comp.dist.sample(rng, int(sel.sum()))
-        return out
-
-    def mean(self) -> float:
-        return float(sum(w * c.dist.mean() for w, c in zip(self._weights(), self.components, strict=True)))
-
-
-DistKind = Annotated[Fixed | Lognormal | Empirical | Mixture, Field(discriminator="kind")]
-
-
-class Distribution(_Strict):
-    """A distribution plus optional clipping bounds (applied after sampling)."""
-
-    dist: DistKind
-    min: float | None = None
-    max: float | None = None
-    source: str = ""  # where the numbers come from (trace, paper, fit date)
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        values = self.dist.sample(rng, n)
-        lo = -np.inf if self.min is None else self.min
-        hi = np.inf if self.max is None else self.max
-        return np.clip(values, lo, hi)
-
-    def mean(self) -> float:
-        """Mean before clipping (clipping only trims rare tails)."""
-        return self.dist.mean()
-
-
-class Subagents(_Strict):
+class Subagents(ProfileModel):
     """Fork-join children of a session: each run is its own short chain of requests."""
 
     session_fraction: float = Field(ge=0, le=1)  # sessions with at least one subagent run
@@ -145,7 +46,7 @@ class Subagents(_Strict):
     source: str = ""
 
 
-class ContextMap(_Strict):
+class ContextMap(ProfileModel):
     """A monotone map of request contexts, quantile to quantile (`source`: the generator's own
     request-level quantiles, `target`: the published ones at the same probabilities), in log
     space, flat in ratio beyond the ends. Each request's uncached tokens scale with its context,
@@ -174,7 +75,7 @@ class ContextMap(_Strict):
         return np.maximum(np.round(ctx * ratio), 1.0), np.maximum(np.round(unc * ratio), 1.0)
 
 
-class Arrivals(_Strict):
+class Arrivals(ProfileModel):
     """Open-loop arrival process recorded in the source trace (for trace-derived profiles)."""
 
     rate_per_s: float = Field(gt=0)
@@ -182,7 +83,7 @@ class Arrivals(_Strict):
     source: str = ""
 
 
-class Workload(_Strict):
+class Workload(ProfileModel):
     name: str
     description: str
     source: str  # trace or paper the profile was fitted to, with its date
@@ -292,7 +193,7 @@ def recorded_sessions(path: str) -> tuple[SessionSpec, ...]:
     inf_cache_hit_tokens, think_time_s) as a session: its main and subagent requests in time
     order; uncached = in - inf_cache_hit_tokens (the trace's own infinite-cache prefix hit),
     gap = the recorded think time (0 before the first request)."""
-    import pandas as pd
+    import pandas as pd  # only recorded sessions need pandas: kept off the import path
 
     cols = ["trace_id", "kind", "t_s", "in", "out", "inf_cache_hit_tokens", "think_time_s"]
     try:
@@ -300,8 +201,8 @@ def recorded_sessions(path: str) -> tuple[SessionSpec, ...]:
     except (OSError, ValueError) as err:
         raise SpecError(path, "<root>", f"not an AgentX derived requests CSV ({err})") from None
     df = df.sort_values(["trace_id", "t_s"], kind="stable")
-    # whole columns once, then split at trace boundaries (a pandas groupby per trace was most
-    # of a fresh process's first plan)
+    # whole columns once, then split at trace boundaries (a pandas groupby per trace would
+    # dominate a fresh process's first plan)
     ctx_all = np.maximum(df["in"].to_numpy(float), 1.0)
     unc_all = np.clip(ctx_all - df["inf_cache_hit_tokens"].to_numpy(float), 1.0, ctx_all)
     gap_all = np.nan_to_num(df["think_time_s"].to_numpy(float), nan=0.0)
@@ -518,6 +419,22 @@ class TraceArrivals:
 Load = ClosedLoop | OpenLoop | TraceArrivals
 
 
+def _cached_prefix_tokens(request, seen: set) -> int:
+    """Prompt tokens of `request` an infinite prefix cache already holds: the longest run of its
+    leading `hash_ids` in `seen` (the blocks its root session has sent), in tokens; adds the
+    request's blocks to `seen`. 0 where the trace has no block hashes."""
+    if request.hash_ids is None or not request.block_tokens:
+        return 0
+    ids = request.hash_ids.tolist()
+    run = 0
+    for h in ids:
+        if h not in seen:
+            break
+        run += 1
+    seen.update(ids)
+    return min(request.input_tokens, run * request.block_tokens)
+
+
 def trace_arrivals(sessions, time_scale: float = 1.0) -> TraceArrivals:
     """Trace-driven arrivals from `model.specs.traces` sessions: every request at its recorded time
     (divided by `time_scale` to replay faster), uncached tokens from an infinite per-root-session
@@ -526,16 +443,7 @@ def trace_arrivals(sessions, time_scale: float = 1.0) -> TraceArrivals:
     seen: dict[str, set] = {}
     reqs = sorted(((r.t_s, s, r) for s in sessions for r in s.requests), key=lambda x: x[0])
     for t, s, r in reqs:
-        cached = 0
-        if r.hash_ids is not None and r.block_tokens:
-            pool = seen.setdefault(s.root_id or s.session_id, set())
-            run = 0
-            for h in r.hash_ids.tolist():
-                if h not in pool:
-                    break
-                run += 1
-            cached = min(r.input_tokens, run * r.block_tokens)
-            pool.update(r.hash_ids.tolist())
+        cached = _cached_prefix_tokens(r, seen.setdefault(s.root_id or s.session_id, set()))
         rows.append((t / time_scale, r.input_tokens, max(r.input_tokens - cached, 1),
                      max(r.output_tokens, 1)))
     if not rows:
@@ -568,15 +476,7 @@ class RecordedWorkload:
             seen: set = set()
             ctx, unc, out, gap, sub = [], [], [], [], []
             for _, is_sub, r in rows:
-                cached = 0
-                if r.hash_ids is not None and r.block_tokens:
-                    run = 0
-                    for h in r.hash_ids.tolist():
-                        if h not in seen:
-                            break
-                        run += 1
-                    cached = min(r.input_tokens, run * r.block_tokens)
-                    seen.update(r.hash_ids.tolist())
+                cached = _cached_prefix_tokens(r, seen)
                 ctx.append(max(r.input_tokens, 1))
                 unc.append(max(r.input_tokens - cached, 1))
                 out.append(max(r.output_tokens, 1))

@@ -3,7 +3,7 @@ checkpoint's precision, and the standard attention / MLP / MoE blocks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from model.specs.errors import SpecError
@@ -44,7 +44,7 @@ INT_KEYS = frozenset({
 })
 
 
-@dataclass
+@dataclass(frozen=True)
 class Builder:
     """A config dict plus its quant scheme; builds Linears named like the checkpoint's modules."""
 
@@ -53,9 +53,7 @@ class Builder:
     family: str
     quant: QuantScheme
     layer_prefix: str = "layers"
-    mtp_prefix: str | None = None  # V4 names MTP modules `mtp.K.*`
-    num_main_layers: int = 0
-    notes: list[str] = field(default_factory=list)
+    mtp_prefix: str | None = None  # V4 names MTP modules `mtp.K.*` after num_hidden_layers
 
     def need(self, *keys: str) -> None:
         missing = [k for k in keys if self.cfg.get(k) is None]
@@ -78,8 +76,9 @@ class Builder:
         return value
 
     def module(self, layer: int, local: str) -> str:
-        if self.mtp_prefix and layer >= self.num_main_layers:
-            return f"{self.mtp_prefix}.{layer - self.num_main_layers}.{local}"
+        main = self.cfg.get("num_hidden_layers") or 0
+        if self.mtp_prefix and layer >= main:
+            return f"{self.mtp_prefix}.{layer - main}.{local}"
         return f"{self.layer_prefix}.{layer}.{local}"
 
     def lin(self, layer: int, local: str, in_features: int, out_features: int, count: int = 1,
@@ -89,6 +88,18 @@ class Builder:
 
     def experts_dtype(self, layer: int, local: str) -> str:
         return self.quant.dtype_for(self.module(layer, local))
+
+    def parts(self, layers: list[Layer], *, tie_default: bool = False,
+              max_context: int | None = None, default_kv_dtype: str = "bf16",
+              hyper_connections: int = 1,
+              embedding_names: tuple[str, str] = ("embed_tokens", "lm_head")) -> Parts:
+        """The Parts of a finished layer stack; tied embeddings and the context length as the
+        config states them (`tie_default` where it does not say)."""
+        context = (int(self.get("max_position_embeddings", 0)) if max_context is None
+                   else int(max_context))
+        return Parts(tuple(layers), self["hidden_size"], self["vocab_size"],
+                     bool(self.get("tie_word_embeddings", tie_default)), context,
+                     default_kv_dtype, hyper_connections, embedding_names)
 
 
 def gqa(b: Builder, i: int, heads: int, kv_heads: int, head_dim: int, hidden: int, *,

@@ -8,6 +8,9 @@ Module names follow the checkpoints (`self_attn.q_a_proj`, `mlp.experts`; V4: `a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from model.specs.errors import SpecError
 from model.specs.families.common import Builder, Parts, dense_mlp, moe_mlp, norms
 from model.specs.layers import Attention, Indexer, Layer, Linear, Mlp
 
@@ -71,7 +74,6 @@ def build_mla(b: Builder) -> Parts:
     """deepseek_v3 / kimi_k2 (MLA), deepseek_v32 / glm_moe_dsa (MLA + indexer = DSA)."""
     b.need(*MLA_KEYS, *MOE_KEYS)
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     sparse = b.get("index_topk") is not None
     indexer_types = b.get("indexer_types")
     layers = []
@@ -89,13 +91,10 @@ def build_mla(b: Builder) -> Parts:
             attention = _with_extra(attention, _mtp_extra(b, i, hidden))
         layers.append(Layer(i, attention, _mlp(b, i), mtp=mtp,
                             extra_params=norms(hidden) + (3 * hidden if mtp else 0)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def _with_extra(attention: Attention, extra: tuple[Linear, ...]) -> Attention:
-    from dataclasses import replace
-
     return replace(attention, projections=attention.projections + extra)
 
 
@@ -132,8 +131,6 @@ def _v4_attention(b: Builder, i: int, ratio: int) -> Attention:
                         b.lin(i, f"{p}.indexer.compressor.wgate", hidden, 2 * idim)]
     kind = {0: "swa", 4: "csa", 128: "hca"}.get(ratio)
     if kind is None:
-        from model.specs.errors import SpecError
-
         raise SpecError(b.path, "compress_ratios", f"ratio {ratio} at layer {i}; allowed: 0, 4, 128")
     return Attention(kind=kind, num_heads=heads, num_kv_heads=1, head_dim=hd, v_head_dim=hd,
                      projections=tuple(projections), window=b["sliding_window"],
@@ -143,9 +140,8 @@ def _v4_attention(b: Builder, i: int, ratio: int) -> Attention:
 
 def build_v4(b: Builder) -> Parts:
     b.need(*V4_KEYS)
+    b = replace(b, mtp_prefix="mtp")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
-    b.mtp_prefix = "mtp"
     ratios = list(b["compress_ratios"])
     n_mtp = b.get("num_nextn_predict_layers", 0)
     ratios += [0] * (n + n_mtp - len(ratios))
@@ -166,12 +162,9 @@ def build_v4(b: Builder) -> Parts:
         if expert_fmt and mlp.experts is not None:
             quantized = b.quant.per_module and b.experts_dtype(i, "ffn.experts") != b.quant.quantized
             if not quantized:  # a MIXED_PRECISION export names its own expert format
-                from dataclasses import replace
-
                 mlp = replace(mlp, experts=replace(mlp.experts, dtype=expert_fmt))
         # mHC mixers (hc_fn per attn and ffn: (2+hc)*hc outputs from hc*hidden inputs) and norms
         mix = 2 * (2 + hc) * hc * hc * hidden if hc > 1 else 0
         layers.append(Layer(i, attention, mlp, mtp=mtp, extra_params=norms(hidden) + mix))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)), default_kv_dtype="fp8",
-                 hyper_connections=int(hc), embedding_names=("embed", "head"))
+    return b.parts(layers, default_kv_dtype="fp8", hyper_connections=int(hc),
+                   embedding_names=("embed", "head"))

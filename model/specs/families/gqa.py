@@ -58,7 +58,6 @@ def _build(b: Builder, moe: dict | None) -> Parts:
     heads, kv_heads = b["num_attention_heads"], b.get("num_key_value_heads") or b[
         "num_attention_heads"]
     hd = _head_dim(b)
-    b.num_main_layers = n
     family = b.family
     # module naming of the checkpoints (for quantization ignore lists)
     mlp_prefix = "block_sparse_moe" if family in ("mixtral", "minimax_m2") else "mlp"
@@ -83,8 +82,7 @@ def _build(b: Builder, moe: dict | None) -> Parts:
         if family == "gpt_oss":
             extra += heads  # attention sinks: one learned logit per head
         layers.append(Layer(i, attention, mlp, mtp=i >= n, extra_params=extra))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def _mtp_layers(b: Builder) -> int:

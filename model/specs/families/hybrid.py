@@ -79,7 +79,6 @@ def build_kimi_linear(b: Builder) -> Parts:
            "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab_size",
            "num_experts", "num_experts_per_token", "moe_intermediate_size", "intermediate_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     lac = b["linear_attn_config"]
     kda = {int(x) - 1 for x in lac.get("kda_layers") or []}  # config ids are 1-based
     full = {int(x) - 1 for x in lac.get("full_attn_layers") or []}
@@ -106,8 +105,7 @@ def build_kimi_linear(b: Builder) -> Parts:
                           expert_hidden=latent, extra=extra)
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden)))
     max_ctx = b.get("max_position_embeddings") or b.get("model_max_length") or 0
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(max_ctx))
+    return b.parts(layers, max_context=max_ctx)
 
 
 # --- MiniMax M1 (lightning) and M3 (MSA) -------------------------------------------------------
@@ -117,7 +115,6 @@ def build_minimax_m1(b: Builder) -> Parts:
            "attn_type_list", "num_local_experts", "num_experts_per_tok", "intermediate_size",
            "vocab_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     heads, kv, hd = b["num_attention_heads"], b["num_key_value_heads"], b.get(
         "head_dim", hidden // b["num_attention_heads"])
     types = b["attn_type_list"]
@@ -137,8 +134,7 @@ def build_minimax_m1(b: Builder) -> Parts:
                       prefix="block_sparse_moe",
                       shared_inter=int(b.get("shared_intermediate_size") or 0))
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def build_minimax_m3(b: Builder) -> Parts:
@@ -146,9 +142,8 @@ def build_minimax_m3(b: Builder) -> Parts:
            "head_dim", "num_local_experts", "num_experts_per_tok", "vocab_size")
     if b.get("moe_intermediate_size") is None:  # NVIDIA's VL export names it intermediate_size
         b.need("intermediate_size")
-        b.cfg = {**b.cfg, "moe_intermediate_size": b["intermediate_size"]}
+        b = replace(b, cfg={**b.cfg, "moe_intermediate_size": b["intermediate_size"]})
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     heads, kv, hd = b["num_attention_heads"], b["num_key_value_heads"], b["head_dim"]
     sac = b.get("sparse_attention_config") or {}
     sparse = list(sac.get("sparse_attention_freq") or [0] * n) if sac.get(
@@ -183,8 +178,7 @@ def build_minimax_m3(b: Builder) -> Parts:
             mlp = dense_mlp(b, i, hidden, b.get("dense_intermediate_size")
                             or b["intermediate_size"])
         layers.append(Layer(i, attention, mlp, mtp=i >= n, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 # --- Qwen3-Next / Qwen3.5 / Qwen3.6 (Gated DeltaNet) -------------------------------------------
@@ -206,7 +200,6 @@ def build_qwen_next(b: Builder) -> Parts:
            "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
            "linear_value_head_dim", "vocab_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     types = layer_types(b, n)
     interval = b.get("full_attention_interval", 4)
     if types is None:
@@ -237,8 +230,7 @@ def build_qwen_next(b: Builder) -> Parts:
         else:
             mlp = dense_mlp(b, i, hidden, b["intermediate_size"])
         layers.append(Layer(i, attention, mlp, mtp=i >= n, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 # --- Nemotron-H / Nemotron 3 (Mamba-2) ---------------------------------------------------------
@@ -297,7 +289,6 @@ def build_nemotron_h(b: Builder) -> Parts:
         pending = None
 
     n_main = len(blocks)
-    b.num_main_layers = n_main
     for j, kind in enumerate(list(blocks) + mtp_blocks):
         mtp = j >= n_main
         if kind not in ("mamba", "attention", "mlp", "moe"):
@@ -316,18 +307,5 @@ def build_nemotron_h(b: Builder) -> Parts:
             flush(_nemotron_ffn(b, j, hidden, kind))
     if pending:
         flush(Mlp("none", ()))
-    b.num_main_layers = sum(1 for layer in layers if not layer.mtp)
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
-
-FAMILIES = {
-    "kimi_linear": ("kimi_linear", build_kimi_linear),
-    "minimax_m1": ("minimax_m1", build_minimax_m1),
-    "minimax_m3": ("minimax_m3", build_minimax_m3),
-    "minimax_m3_vl": ("minimax_m3", build_minimax_m3),
-    "qwen3_next": ("qwen3_next", build_qwen_next),
-    "qwen3_5_text": ("qwen3_next", build_qwen_next),
-    "qwen3_5_moe_text": ("qwen3_next", build_qwen_next),
-    "nemotron_h": ("nemotron_h", build_nemotron_h),
-}

@@ -20,7 +20,6 @@ def build_llama4(b: Builder) -> Parts:
            "num_local_experts", "num_experts_per_tok", "intermediate_size",
            "intermediate_size_mlp", "vocab_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     heads, kv = b["num_attention_heads"], b["num_key_value_heads"]
     hd = b.get("head_dim") or hidden // heads
     rope = b.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n)]
@@ -40,8 +39,7 @@ def build_llama4(b: Builder) -> Parts:
         else:
             mlp = dense_mlp(b, i, hidden, b["intermediate_size_mlp"], prefix="feed_forward")
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def build_gemma4(b: Builder) -> Parts:
@@ -52,7 +50,6 @@ def build_gemma4(b: Builder) -> Parts:
     b.need("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
            "head_dim", "intermediate_size", "vocab_size", "layer_types")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     types = layer_types(b, n)
     heads = b["num_attention_heads"]
     k_eq_v = bool(b.get("attention_k_eq_v"))
@@ -78,8 +75,7 @@ def build_gemma4(b: Builder) -> Parts:
         else:
             mlp = dense
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden, 4)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", True)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers, tie_default=True)
 
 
 def build_step3p7(b: Builder) -> Parts:
@@ -89,7 +85,6 @@ def build_step3p7(b: Builder) -> Parts:
            "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok",
            "moe_intermediate_size", "vocab_size", "layer_types")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     types = layer_types(b, n)
     n_mtp = int(b.get("num_nextn_predict_layers") or 0)
     layers = []
@@ -106,8 +101,7 @@ def build_step3p7(b: Builder) -> Parts:
                           inter=b["moe_intermediate_size"], shared_inter=shared,
                           shared_name="share_expert")
         layers.append(Layer(i, attention, mlp, mtp=i >= n, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
 
 def build_mimo_v2(b: Builder) -> Parts:
@@ -117,7 +111,6 @@ def build_mimo_v2(b: Builder) -> Parts:
            "head_dim", "hybrid_layer_pattern", "moe_layer_freq", "n_routed_experts",
            "num_experts_per_tok", "moe_intermediate_size", "intermediate_size", "vocab_size")
     n, hidden = b["num_hidden_layers"], b["hidden_size"]
-    b.num_main_layers = n
     pattern, moe_freq = b["hybrid_layer_pattern"], b["moe_layer_freq"]
     layers = []
     for i in range(n):
@@ -138,13 +131,5 @@ def build_mimo_v2(b: Builder) -> Parts:
         else:
             mlp = dense_mlp(b, i, hidden, b["intermediate_size"])
         layers.append(Layer(i, attention, mlp, extra_params=norms(hidden)))
-    return Parts(tuple(layers), hidden, b["vocab_size"], bool(b.get("tie_word_embeddings", False)),
-                 int(b.get("max_position_embeddings", 0)))
+    return b.parts(layers)
 
-
-FAMILIES = {
-    "llama4_text": ("llama4", build_llama4),
-    "gemma4_text": ("gemma4", build_gemma4),
-    "step3p7": ("step3p7", build_step3p7),
-    "mimo_v2_flash": ("mimo_v2", build_mimo_v2),
-}

@@ -42,7 +42,8 @@ def _ancestors(per_module: dict[str, str]) -> dict[str, str]:
 
 
 def normalize(name: str) -> str:
-    """`language_model.model.specs.layers.3.mlp.gate` -> `layers.3.mlp.gate`; head/embed keep last part."""
+    """`language_model.model.layers.3.mlp.gate` -> `layers.3.mlp.gate`; head and embeddings keep
+    their last part."""
     match = _LAYER.search(name)
     if match:
         return match.group(1)
