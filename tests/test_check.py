@@ -1,4 +1,5 @@
-"""`model.validate.check` / `servecast check` on slices of the calibration data (repo copy)."""
+"""`model.fit.cases` (reading measured runs) and `model.validate.check` / `servecast check` on
+slices of the calibration data (repo copy)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from model.fit.cases import (
+    INFERENCEMAX,
+    _normalize,
+    cases_from_csv,
+    engine_for_row,
+    load_cases,
+    protocol_for_source,
+)
 from model.perf.parallel import ParallelPlan
 from model.serve.closed_loop import EngineConfig, Protocol
 from model.specs.architecture import load_architecture
 from model.specs.errors import ServecastError
-from model.validate.check import (
-    INFERENCEMAX,
-    _normalize,
-    cases_from_csv,
-    check,
-    engine_for_row,
-    load_cases,
-    predict_case,
-    protocol_for_source,
-)
+from model.validate.check import check, predict_case
 
 ROOT = Path(__file__).resolve().parent.parent
 CSV = ROOT / "data" / "calibration" / "e2e_measured.csv"
@@ -159,7 +159,7 @@ def test_disaggregated_rows_without_worker_counts(tmp_path):
 def test_calibration_csv_headline(cli):
     """The whole calibration CSV through the CLI (issue 3 targets: TTFT median APE <= 0.25, TPOT
     <= 0.15, >= 90% of rows predicted). Measured with engine.yaml refitted after the recipes'
-    admission settings (model.validate.check.engine_for_row), attention-DP balancing and the skewed-routing
+    admission settings (model.fit.cases.engine_for_row), attention-DP balancing and the skewed-routing
     MoE curves: 2425 of 2425 rows, TTFT 0.238 (0.263 before), TPOT 0.123 (0.125); aggregated
     rows 0.211, disaggregated 0.430; 5-fold held out by configuration 0.265 / 0.132."""
     res = cli("check", str(CSV), "--json")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from model.perf.engine_factors import LoopFactors
 from model.serve.closed_loop import (
-    LoopFactors,
     Protocol,
     adp_balance_wait,
     arrival_sync,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.fit.engine import load_loop_factors
+from model.perf.engine_factors import load_loop_factors
 from model.perf.parallel import ParallelPlan
 from model.serve.closed_loop import loop_terms
 from model.serve.estimate import (

@@ -33,7 +33,7 @@ def bench_serving() -> dict:
         "sweep_agentx_8_points_s": _best_of(
             lambda: sweep(sm, agentx, on, [8, 16, 32, 64, 96, 128, 192, 256]), 1),
     }
-    try:  # the planner's case: a real step model (engineer D), cache model wired in
+    try:  # the planner's case: a real step model, cache model wired in
         from model.perf.parallel import ParallelPlan
         from model.perf.step import build_step_model
         from model.specs.architecture import load_architecture

@@ -39,7 +39,7 @@ prefill: (kernels + moe_prefill_scale * routed experts) * prefill_scale + networ
   along) and each running sequence's prefill interrupts the decode once per OSL tokens; on a
   dedicated prefill pool (disaggregated) it waits in an M/D/1 queue at the pool's load.
 Every request pays a fixed `request_overhead_s` before its first token. Admission settings of
-the engine (`EngineConfig`, read by provenance in `model.validate.check`) add their waits, derived from
+the engine (`EngineConfig`, read by provenance in `model.fit.cases`) add their waits, derived from
 the run's own rates and step times, not fitted: SGLang's `--scheduler-recv-interval N` ((N-1)/2
 decode iterations), TensorRT-LLM's attention-DP balancing (staggered context requests wait
 until every DP rank has one, at most `timeout_iters` iterations) and batch waiting (a prompt
@@ -62,7 +62,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.perf.step import EngineFactors
 from model.serve.queueing import md1_wait_s
 
 # Scheduler of each engine's default configuration (see module docstring)
@@ -95,7 +94,7 @@ class Protocol:
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine settings of a run that change when a request is admitted (defaults: each engine's
-    out-of-the-box behaviour; `model.validate.check` reads the recipes' settings by provenance).
+    out-of-the-box behaviour; `model.fit.cases` reads the recipes' settings by provenance).
 
     recv_interval: the scheduler takes new requests from the API server once every N decode
     iterations (SGLang `--scheduler-recv-interval N`; a prefill iteration triggers the next
@@ -116,15 +115,6 @@ class EngineConfig:
     batch_wait_timeout_iters: float = 0.0
     batch_wait_tokens: float = 0.0
     max_num_batched_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class LoopFactors(EngineFactors):
-    """A backend's engine factors plus the benchmark-protocol ones the closed loop needs
-    (fitted by model.fit.engine, shared by all backends)."""
-
-    benchmark_rounds: float = 10.0
-    varied_wave_persistence: float = 0.0
 
 
 def steady_sync(prefill_first, fixed_lengths, disagg, varied_persistence=0.0):

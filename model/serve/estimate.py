@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.perf.engine_factors import load_loop_factors
 from model.perf.parallel import ParallelPlan
 from model.perf.step import StepModel, build_step_model
 from model.serve.closed_loop import SCHEDULER, EngineConfig, Protocol, closed_loop
@@ -226,8 +227,6 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
 def loop_factors(sm: StepModel):
     """Closed-loop factors of the step model's backend: the step-level ones from the step model
     (so overrides apply), the rest from data/calibration/engine.yaml."""
-    from model.fit.engine import load_loop_factors
-
     f = load_loop_factors(sm.backend)
     own = sm.factors
     return {**f, "step_overhead_s": own.step_overhead_s, "prefill_scale": own.prefill_scale,
