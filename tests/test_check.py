@@ -104,11 +104,11 @@ def test_engine_settings_by_provenance():
     # InferenceX benchmarks/dsr1_fp8_b200.sh: --scheduler-recv-interval 30 from 16 clients on
     # (10 below), --chunked-prefill-size 32768 at TP8, 8192 and recv 10 at TP4
     assert engine_for_row(_row("sglang", "b200_sxm", ds, "fp8", 16), INFERENCEMAX, tp8) == \
-        EngineConfig(recv_interval=30.0, max_num_batched_tokens=32768)
+        EngineConfig(recv_interval_iters=30.0, max_num_batched_tokens=32768)
     assert engine_for_row(_row("sglang", "b200_sxm", ds, "fp8", 8), INFERENCEMAX, tp8) == \
-        EngineConfig(recv_interval=10.0, max_num_batched_tokens=32768)
+        EngineConfig(recv_interval_iters=10.0, max_num_batched_tokens=32768)
     assert engine_for_row(_row("sglang", "b200_sxm", ds, "fp8", 64), INFERENCEMAX, tp4) == \
-        EngineConfig(recv_interval=10.0, max_num_batched_tokens=8192)
+        EngineConfig(recv_interval_iters=10.0, max_num_batched_tokens=8192)
     # dsr1_fp4_b200.sh: chunked prefill 16384; dsr1_fp8_h200.sh: every iteration, 32768
     assert engine_for_row(_row("sglang", "b200_sxm", ds, "fp4", 64), INFERENCEMAX, tp8) \
         .max_num_batched_tokens == 16384

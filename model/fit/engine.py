@@ -82,12 +82,13 @@ def factors_dict(factors) -> dict:
 
 
 # ---- data ---------------------------------------------------------------------------------------
-COMPONENT_KEYS = ("m_dec", "m_wave", "m_one", "k_dec", "n_dec", "k_wave", "n_wave",
-                  "wave_steps_mean", "wave_steps", "k_one", "n_one", "chunks", "running",
-                  "concurrency", "osl", "per_rank", "t_kv", "disagg", "spec", "rounds",
-                  "fixed_lengths", "prefill_first", "prefill_servers", "wave_prompts", "dp",
-                  "adp_timeout_iters", "recv_interval", "new_tokens", "batch_wait_iters",
-                  "batch_wait_tokens")
+COMPONENT_KEYS = ("decode_expert_s", "wave_expert_s", "one_expert_s", "decode_kernel_s",
+                  "decode_network_s", "wave_kernel_s", "wave_network_s", "wave_steps_mean",
+                  "wave_steps", "one_kernel_s", "one_network_s", "chunks", "running_seqs",
+                  "concurrency", "osl_tokens", "seqs_per_server", "kv_transfer_s", "disagg",
+                  "tokens_per_step", "rounds", "fixed_lengths", "prefill_first", "prefill_servers",
+                  "wave_prompts", "dp", "adp_timeout_iters", "recv_interval_iters", "new_tokens",
+                  "batch_wait_iters", "batch_wait_tokens")
 
 
 def component_table(path=E2E_CSV) -> pd.DataFrame:

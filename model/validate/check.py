@@ -106,7 +106,7 @@ def explain_case(case: Case) -> dict:
     if "skip" in comp:
         return {}
     terms = explain_terms(comp, _factors(case, None))
-    tpot_terms, ttft_terms = terms["tpot"], terms["ttft"]
+    tpot_terms, ttft_terms = terms["tpot_terms_s"], terms["ttft_terms_s"]
     return {"tpot_term": max(tpot_terms, key=tpot_terms.get),
             "ttft_term": max(ttft_terms, key=ttft_terms.get), "arrival_sync": terms["sync"],
             **{f"tpot_{k}_ms": v * 1e3 for k, v in tpot_terms.items()},
