@@ -281,12 +281,11 @@ def test_ctrl_c_is_one_line_nonzero_and_resumable(tmp_path):
 
 def test_kernels_talk_over_their_own_unix_sockets(tmp_path):
     # Over TCP, jupyter_client picks free ports and the kernel binds them later; a kernel another
-    # worker starts in between can take one first ("ZMQError: Address already in use", seen in
-    # the test suite under pytest -n 2 on 2026-12-03: the kernel died before replying). Each
-    # kernel now gets ipc transport under a socket path of its own.
-    from model.frontends.nbio import _kernel_manager_class
+    # worker starts in between can take one first ("ZMQError: Address already in use": the
+    # kernel dies before replying). Each kernel gets ipc transport under a socket path of its own.
+    from model.frontends.nbio import LiveKernels, _kernel_manager_class
 
-    cls = _kernel_manager_class(tmp_path / "k.log", [])
+    cls = _kernel_manager_class(tmp_path / "k.log", LiveKernels())
     a, b = cls(), cls()
     assert a.transport == b.transport == "ipc"
     assert a.ip != b.ip and Path(a.ip).parent == Path(b.ip).parent
