@@ -6,14 +6,13 @@ from pathlib import Path
 
 import typer
 
-from model.frontends.cli.output import emit
+from model.frontends.cli.output import JSON, emit
 
 GRID = typer.Argument(..., help="grid YAML: notebook, parameters, grid (and optional cases)")
 OUT = typer.Option(..., "--out", help="output folder (scenarios/, summary.csv, summary.parquet)")
 WORKERS = typer.Option(None, "--workers", min=1, help="parallel worker processes (default: cores)")
 SCHEDULER = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://host:8786")
 TIMEOUT = typer.Option(600, "--timeout-s", min=1, help="per-cell execution timeout, seconds")
-JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 
 
 def register(app: typer.Typer) -> None:
