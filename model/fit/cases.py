@@ -127,7 +127,8 @@ def engine_for_row(row, protocol: Protocol, plan: ParallelPlan | None) -> Engine
     if backend == "sglang" and "deepseek" in model:
         if system == "b200_sxm":
             if precision == "fp8" and gpus <= 4:
-                return EngineConfig(recv_interval_iters=10.0, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS)
+                return EngineConfig(recv_interval_iters=10.0,
+                                    max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS)
             return EngineConfig(recv_interval_iters=30.0 if conc >= 16 else 10.0,
                                 max_num_batched_tokens=32768 if precision == "fp8" else 16384)
         if system == "h200_sxm":

@@ -405,8 +405,9 @@ def _no_interrupts():
 
 def worker_context():
     """fork where the OS has it: workers inherit the imported modules, and unlike spawn it never
-    re-runs the caller's __main__ (e.g. `python -m model.frontends.cli` without a main guard). Each worker
-    only drives a kernel subprocess, so no state shared across the fork is used concurrently."""
+    re-runs the caller's __main__ (e.g. `python -m model.frontends.cli` without a main guard).
+    Each worker only drives a kernel subprocess, so no state shared across the fork is used
+    concurrently."""
     import multiprocessing
 
     methods = multiprocessing.get_all_start_methods()

@@ -331,7 +331,8 @@ class StepModel:
                 continue
             t = float(np.asarray(t)) * c
             intensity = counts["op_intensity"].get(name)
-            if kind in ("memory",) or (intensity is not None and intensity < ridge) or kind == "attention" and "decode" in name:
+            below_ridge = intensity is not None and intensity < ridge
+            if kind == "memory" or below_ridge or (kind == "attention" and "decode" in name):
                 shares["hbm"] += t
             else:
                 shares["compute"] += t
