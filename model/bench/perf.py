@@ -5,6 +5,7 @@ Targets: one estimate <= 50 ms; checking 2,000 rows <= 30 s.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pandas as pd
@@ -50,6 +51,4 @@ def bench_perf(rows: int = 2000) -> dict:
 
 
 if __name__ == "__main__":
-    import json
-
     print(json.dumps(bench_perf(), indent=2))

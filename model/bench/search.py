@@ -10,6 +10,7 @@ kept, which is the cost of evaluating the candidates (the target: >= 10,000 cand
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -73,6 +74,4 @@ def bench_search(repeats: int = 3, **scenario) -> dict:
 
 
 if __name__ == "__main__":
-    import json
-
     print(json.dumps(bench_search(), indent=2))

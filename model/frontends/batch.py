@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from tqdm import tqdm
 
 from model import ROOT
 from model.frontends.nbio import (
@@ -158,7 +160,7 @@ def resolve_notebook(spec: str, base: Path) -> Path:
 def notebook_parameters(path: Path) -> dict[str, str]:
     """Names declared in the notebook's `parameters` cell -> their annotation (or '')."""
     fast_notebook_imports()
-    import jupytext
+    import jupytext  # heavy: only when a grid is loaded
 
     nb = jupytext.read(path)
     for cell in nb.cells:
@@ -340,8 +342,6 @@ def _run_batch(grid_path, out_dir, workers, scheduler, progress, timeout_s) -> B
     jobs = [(s.id, (str(grid.notebook), str(folders[s.id]), s.parameters, timeout_s))
             for s in todo]
     runner = _run_dask if scheduler else _run_processes
-    from tqdm import tqdm
-
     interrupted = False
     try:
         with tqdm(total=len(scenarios), initial=len(scenarios) - len(todo), unit="scenario",
@@ -408,8 +408,6 @@ def worker_context():
     re-runs the caller's __main__ (e.g. `python -m model.frontends.cli` without a main guard).
     Each worker only drives a kernel subprocess, so no state shared across the fork is used
     concurrently."""
-    import multiprocessing
-
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
@@ -488,7 +486,7 @@ def _run_processes(jobs: list[tuple[str, tuple]], done: Callable[[str, dict], No
 
 def _run_dask(jobs: list[tuple[str, tuple]], done: Callable[[str, dict], None], *,
               workers: int | None, scheduler: str | None) -> None:
-    from distributed import Client
+    from distributed import Client  # optional and heavy: only with --scheduler
     from distributed import as_completed as dask_completed
 
     try:

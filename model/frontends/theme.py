@@ -100,7 +100,7 @@ def save(chart: alt.TopLevelMixin, path_stem: str | Path) -> list[Path]:
 
     A suffix on `path_stem` (e.g. `fig.png`) is dropped, so either spelling works.
     """
-    import vl_convert
+    import vl_convert  # heavy: only when a figure is written
 
     stem = Path(path_stem)
     if stem.suffix.lower() in {".png", ".svg"}:

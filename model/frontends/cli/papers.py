@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
     def reproduce_cmd(paper: str = PAPER, only: list[str] = ONLY, workers: int = WORKERS,
                       report: bool = REPORT, as_json: bool = JSON) -> None:
         """Evaluate each claim's predictor; a claim the model cannot predict shows its reason."""
-        from model.validate.reproduce import reproduce, write_report
+        from model.validate.reproduce import reproduce, write_report  # loads on use
 
         result = reproduce(paper, only=only or None, workers=workers)
         if report:

@@ -10,8 +10,10 @@ import typer
 
 from model.frontends.cli.output import JSON, emit
 from model.perf.parallel import ParallelPlan
+from model.specs.architecture import load_architecture
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
+from model.specs.hardware import load_hardware
 
 ARRIVAL_HELP = ("benchmark (a burst first round, then the engine's scheduler decides; "
                 "model.serve.closed_loop) | synchronized | staggered")
@@ -65,9 +67,6 @@ def estimate_cmd(
     """Predict TTFT, TPOT and throughput of a deployment under closed-loop concurrency
     (disaggregated when any --prefill-* / --decode-* option is given)."""
     from model.serve.estimate import Disagg, estimate  # the model loads only when a command runs
-    from model.specs.architecture import load_architecture
-    from model.specs.hardware import load_hardware
-
     disagg = None
     if any(v is not None for v in (prefill_tp, decode_tp, prefill_workers, decode_workers)) or any(
             v != 1 for v in (prefill_pp, prefill_dp, prefill_ep, prefill_pcp, decode_pp,
