@@ -7,7 +7,8 @@ network and routed-expert seconds of the three step kinds a run is made of: a wa
 a single-prompt prefill step, a decode step; how many sequences the KV pool holds; the KV
 transfer; the benchmark protocol and the engine's scheduler kind), then
 `model.serve.closed_loop.closed_loop` turns them into TTFT, TPOT and throughput with the engine
-factors (`model.fit.engine`). The fit evaluates only `closed_loop`, vectorized over all runs.
+factors (`model.perf.engine_factors`, fitted by `model.fit.engine`, which evaluates only
+`closed_loop`, vectorized over all runs).
 
 Arrivals: `arrival="benchmark"` (default) derives how synchronized the clients are from the
 protocol (rounds, fixed or drawn lengths) and the scheduler (see `model.serve.closed_loop`);
@@ -233,8 +234,9 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
 
 
 def loop_factors(sm: StepModel):
-    """Closed-loop factors of the step model's backend: the step-level ones from the step model
-    (so overrides apply), the rest from data/calibration/engine.yaml."""
+    """Closed-loop factors of the step model's backend: the step overhead and the decode,
+    prefill and routed-expert decode scales from the factors the step model was built with
+    (`build_step_model(..., factors=...)`), the rest from data/calibration/engine.yaml."""
     f = load_loop_factors(sm.backend)
     own = sm.factors
     return {**f, "step_overhead_s": own.step_overhead_s, "prefill_scale": own.prefill_scale,

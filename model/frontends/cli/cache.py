@@ -9,8 +9,13 @@ import math
 import typer
 
 from model.frontends.cli.output import JSON, emit
+from model.perf.parallel import ParallelPlan
+from model.specs.architecture import load_architecture
 from model.specs.defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
+from model.specs.hardware import load_hardware
+from model.specs.precision import with_precision
+from model.specs.recipes import recipe_settings
 
 TRACES = typer.Argument(..., help="AgentX trace file(s)/folder(s) or a Mooncake JSONL")
 
@@ -112,13 +117,8 @@ def memory_cmd(
     """HBM budget per GPU (weights, activations, reserve, KV pool), sequences that fit,
     and the tier capacities in tokens; weights and KV as the family's serving recipe has
     them (data/deployments/), as `plan` does, unless given."""
-    from model.perf.memory import hbm_budget  # the model loads only when a command runs
-    from model.perf.parallel import ParallelPlan
-    from model.perf.step import with_precision
+    from model.perf.memory import hbm_budget  # loads sympy: only when the command runs
     from model.perf.tiers import tier_capacity_tokens
-    from model.specs.architecture import load_architecture
-    from model.specs.hardware import load_hardware
-    from model.specs.recipes import recipe_settings
 
     a, hw = load_architecture(arch), load_hardware(hardware)
     precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False,
@@ -148,10 +148,7 @@ def reload_cmd(
     as_json: bool = JSON,
 ) -> None:
     """Reload a prefix's KV from a tier or recompute it: times by context, break-even."""
-    from model.perf.parallel import ParallelPlan  # the model loads only when a command runs
-    from model.perf.tiers import break_even
-    from model.specs.architecture import load_architecture
-    from model.specs.hardware import load_hardware
+    from model.perf.tiers import break_even  # loads the step model: only when the command runs
 
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep)
     res = break_even(load_architecture(arch), load_hardware(hardware), plan, tier, mode=mode)
