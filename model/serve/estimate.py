@@ -63,7 +63,7 @@ def infer_decode_workers(d: Disagg, concurrency: int, decode_capacity_seqs: floa
     return max(1, int(np.ceil(concurrency / max(np.floor(decode_capacity_seqs), 1.0))))
 
 
-def infer_prefill_workers(d: Disagg, request_rate: float, prefill_s: float,
+def infer_prefill_workers(d: Disagg, rate_rps: float, prefill_s: float,
                           ranks: int) -> int:
     """Prefill workers of a deployment, where the record leaves them out: the fewest that keep up
     with the decode pool (a pool sized below that would make every other number of the run
@@ -72,7 +72,7 @@ def infer_prefill_workers(d: Disagg, request_rate: float, prefill_s: float,
     those of a busy server (full budget-sized steps), both at kernel level."""
     if d.prefill_workers is not None:
         return d.prefill_workers
-    return max(1, int(np.ceil(request_rate * prefill_s / max(ranks, 1))))
+    return max(1, int(np.ceil(rate_rps * prefill_s / max(ranks, 1))))
 
 
 def _check_inputs(isl, osl, concurrency, prefix_tokens):

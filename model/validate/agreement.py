@@ -114,7 +114,7 @@ class Scenario:
         return sm, w, EnginePolicy(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, self.threshold, self.interval)
 
 
-SCENARIOS = [
+BASE_SCENARIOS = (
     Scenario("fixed-8k1k-poisson-0.5", "fixed-8k1k", 0, OpenLoop(0.5), 3000),
     Scenario("fixed-8k1k-poisson-1.0", "fixed-8k1k", 0, OpenLoop(1.0), 2000),
     Scenario("fixed-8k1k-poisson-1.0-t512", "fixed-8k1k", 512, OpenLoop(1.0), 2000),
@@ -134,16 +134,17 @@ SCENARIOS = [
     Scenario("agentx-sample-n16", "agentx-sample", 0, ClosedLoop(16, 10.0), 30000, "agentx"),
     Scenario("agentx-sample-n32-t512", "agentx-sample", 512, ClosedLoop(32, 10.0), 30000,
              "agentx"),
-]
+)
 # shared populations of 16 / 64 sessions; simulated time shrinks as the load grows
-SCENARIOS += [
+POPULATION_SCENARIOS = tuple(
     Scenario(f"agentx-pop{pop}-n{n}" + (f"-t{t}" if t else ""), f"population:agentx:{pop}", t,
              ClosedLoop(n), sim_s, "agentx")
     for pop, n, sim_s in ((16, 16, 48000), (16, 48, 24000), (64, 16, 24000), (64, 48, 12000))
-    for t in (0, 512)]
+    for t in (0, 512))
 # independent turns (the closed form's assumption), same run lengths
-SCENARIOS += [Scenario(s.name + "-indep", s.workload, s.threshold, s.load, s.sim_s, s.step,
-                       s.seed, False) for s in SCENARIOS if s.workload == "agentx"]
+INDEPENDENT_SCENARIOS = tuple(
+    Scenario(s.name + "-indep", s.workload, s.threshold, s.load, s.sim_s, s.step, s.seed, False)
+    for s in BASE_SCENARIOS if s.workload == "agentx")
 # the seed's threshold claim setting: DeepSeek V4 Pro DEP8 on B300 (calibrated step model, recipe
 # MTP), eight lock-stepped ranks; the trace's heavy tail of cold prefills (up to 850K tokens)
 # (one shared population of 64 sessions on both sides: AgentX sessions differ so much that two
@@ -151,18 +152,20 @@ SCENARIOS += [Scenario(s.name + "-indep", s.workload, s.threshold, s.load, s.sim
 # ~3,400 s of think time on average (up to 14,000 s) and the load swings with the heavy
 # sessions in play (TTFT P50 0.36-0.65 s between 1,200 s windows of one run); five
 # seeds, as one n128 run takes ~100 s
-DEP_SCENARIOS = [Scenario(f"dsv4-dep8-pop64-n{n}-t{t}-iv{iv}", "population:agentx:64", t,
-                          ClosedLoop(n), 12000, "dsv4-dep8", 3, True, iv, 5)
-                 for n in (32, 128) for t, iv in ((0, 1), (512, 1), (0, 8), (512, 8))]
-# the threshold claim's cadence at twice the load, where FCFS ranks run clustered most of the
-# time (the claim's largest gain is sought up to saturation)
-DEP_SCENARIOS += [Scenario(f"dsv4-dep8-pop64-n256-t{t}-iv8", "population:agentx:64", t,
-                           ClosedLoop(256), 12000, "dsv4-dep8", 3, True, 8, 5) for t in (0, 512)]
-# and on to the threshold engine's saturation, where prompts queue for the slots its budget
-# holds (model.serve.slot_queue)
-DEP_SCENARIOS += [Scenario(f"dsv4-dep8-pop64-n{n}-t512-iv8", "population:agentx:64", 512,
-                           ClosedLoop(n), 12000, "dsv4-dep8", 3, True, 8, 5) for n in (768, 1024)]
-SCENARIOS += DEP_SCENARIOS
+DEP_SCENARIOS = (
+    *(Scenario(f"dsv4-dep8-pop64-n{n}-t{t}-iv{iv}", "population:agentx:64", t, ClosedLoop(n),
+               12000, "dsv4-dep8", 3, True, iv, 5)
+      for n in (32, 128) for t, iv in ((0, 1), (512, 1), (0, 8), (512, 8))),
+    # the threshold claim's cadence at twice the load, where FCFS ranks run clustered most of
+    # the time (the claim's largest gain is sought up to saturation)
+    *(Scenario(f"dsv4-dep8-pop64-n256-t{t}-iv8", "population:agentx:64", t, ClosedLoop(256),
+               12000, "dsv4-dep8", 3, True, 8, 5) for t in (0, 512)),
+    # and on to the threshold engine's saturation, where prompts queue for the slots its budget
+    # holds (model.serve.slot_queue)
+    *(Scenario(f"dsv4-dep8-pop64-n{n}-t512-iv8", "population:agentx:64", 512, ClosedLoop(n),
+               12000, "dsv4-dep8", 3, True, 8, 5) for n in (768, 1024)),
+)
+SCENARIOS = (*BASE_SCENARIOS, *POPULATION_SCENARIOS, *INDEPENDENT_SCENARIOS, *DEP_SCENARIOS)
 BY_NAME = {s.name: s for s in SCENARIOS}
 
 
