@@ -289,3 +289,23 @@ def test_kernels_talk_over_their_own_unix_sockets(tmp_path):
     a, b = cls(), cls()
     assert a.transport == b.transport == "ipc"
     assert a.ip != b.ip and Path(a.ip).parent == Path(b.ip).parent
+
+
+def test_live_kernels_kill_their_process_group_and_files(tmp_path):
+    # a stand-in kernel: a process leading its own session, with a connection file and the
+    # ipc sockets `<prefix>-1 ...`; kill_all ends it and removes them, and forgets it
+    from model.frontends.nbio import LiveKernels
+
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    connection = tmp_path / "kernel.json"
+    connection.write_text("{}")
+    prefix = tmp_path / "servecast-test-ipc"
+    sockets = [Path(f"{prefix}-{i}") for i in (1, 2)]
+    for sock in sockets:
+        sock.write_text("")
+    kernels = LiveKernels()
+    kernels.add(process, str(connection), str(prefix))
+    kernels.kill_all()
+    assert process.poll() is not None
+    assert not connection.exists() and not any(s.exists() for s in sockets)
+    kernels.kill_all()  # nothing left to reap

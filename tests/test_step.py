@@ -161,3 +161,25 @@ def test_dcp_prefill_gather_costs_nothing_in_decode_steps():
            sm._op_times(*(np.asarray(v, float) for v in (4096.0, 100_000.0, 0.0, 0.0, 1.0)))}
     gathers = [v for k, v in pre.items() if k.endswith("dcp_kv_all_gather")]
     assert gathers and all(v > 0 for v in gathers)
+
+
+def test_factors_passed_explicitly_are_the_ones_applied():
+    # a decode-only step is (kernels + moe_scale x routed experts) x decode_scale + network +
+    # step overhead (StepModel._combine), the parts from step_parts before any factor
+    arch, plan = deepseek_v3_like(4), ParallelPlan(dp=8, ep=8)
+    hw = chip(hbm_bytes=141e9)
+    f = EngineFactors(step_overhead_s=0.003, decode_scale=0.9, moe_scale=1.3, prefill_scale=1.2)
+    sm = build_step_model(arch, hw, plan, factors=f)
+    assert sm.factors is f
+    kernel, network, experts = (float(x) for x in sm.step_parts(0, 0, 64, 8192))
+    assert float(sm.step_time_s(0, 0, 64, 8192)) == pytest.approx(
+        (kernel + 1.3 * experts) * 0.9 + network + 0.003, rel=1e-12)
+
+
+def test_build_step_model_is_memoized_on_all_its_arguments():
+    arch, hw = llama8b(), chip()
+    one = build_step_model(arch, hw, ParallelPlan(), factors=NO_OVERHEAD)
+    # positional or keyword, the same inputs give the same object; other factors another one
+    assert build_step_model(arch, hw, ParallelPlan(), None, None, "vllm", factors=NO_OVERHEAD) is one
+    other = build_step_model(arch, hw, ParallelPlan(), factors=EngineFactors(decode_scale=2.0))
+    assert other is not one and other.factors.decode_scale == 2.0
