@@ -29,8 +29,9 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from model.fit.cases import load_cases
 from model.frontends import charts, nbio
-from model.validate.check import explain_table, load_cases, summarize
+from model.validate.check import explain_table, summarize
 
 cases = load_cases(results)
 if max_rows:

@@ -40,16 +40,14 @@ import numpy as np
 import pandas as pd
 
 from model import ROOT
-
-from model.serve import cache_replay as cache, cache_model, routing
-
 from model.frontends import charts, nbio
-
 from model.perf import tiers
+from model.perf.parallel import ParallelPlan
+from model.serve import cache_model, routing
+from model.serve import cache_replay as cache
 from model.specs.architecture import load_architecture
 from model.specs.errors import Infeasible
 from model.specs.hardware import load_hardware
-from model.perf.parallel import ParallelPlan
 
 out = Path(output_dir)
 stream = cache.stream_for(ROOT / trace if not Path(trace).is_absolute() else trace)

@@ -12,8 +12,8 @@ archs: list = ["deepseek-v4-pro", "deepseek-v3.2", "kimi-k3", "minimax-m3", "gpt
 kv_dtype: str = ""  # empty: the default KV dtype of each model (fp8 for DeepSeek V4, else bf16)
 block_size: int = 0  # paged KV block in tokens, 0 for no block padding
 state_dtype: str = "fp32"  # dtype of recurrent state (KDA, GDN, Mamba, lightning)
-max_context: int = 1_048_576  # largest context on the sweep, tokens
-reference_context: int = 1_048_576  # context of the breakdown bars and headline GB figure
+max_context_tokens: int = 1_048_576  # largest context on the sweep
+reference_context_tokens: int = 1_048_576  # context of the breakdown bars and headline GB figure
 output_dir: str = "."  # where figures and headline.json go
 
 # %% [markdown]
@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from model.frontends import charts, nbio
-from model.specs.architecture import load_architecture
 from model.perf.kv import footprint_table, kv_bytes_per_token
+from model.specs.architecture import load_architecture
 from model.specs.units import GB
 
-contexts = np.unique(np.geomspace(1024, max_context, 12).round())
+contexts = np.unique(np.geomspace(1024, max_context_tokens, 12).round())
 table = footprint_table(archs, contexts, kv_dtype or None, block_size or None, state_dtype)
 totals = (table.groupby(["arch", "context_tokens"], as_index=False)["bytes"].sum()
           .assign(gb_per_sequence=lambda d: d["bytes"] / GB))
@@ -63,7 +63,7 @@ COMPONENTS = {"gqa": "full-attention KV (GQA)", "mla": "latent KV (MLA)",
               "csa": "compressed KV, 1/4 (CSA)", "hca": "compressed KV, 1/128 (HCA)",
               "swa": "sliding-window KV", "index_keys": "indexer keys",
               "state": "fixed state (recurrent, compressor)"}
-at_ref = footprint_table(archs, [reference_context], kv_dtype or None, block_size or None,
+at_ref = footprint_table(archs, [reference_context_tokens], kv_dtype or None, block_size or None,
                          state_dtype).assign(gb=lambda d: d["bytes"] / GB)
 parts = at_ref[at_ref.gb > 0].assign(
     part=lambda d: d["component"].map(COMPONENTS).fillna(d["component"]))
@@ -81,7 +81,7 @@ top, bottom = by_total[0], by_total[-1]
 ratio = parts[parts.arch == top].gb.sum() / parts[parts.arch == bottom].gb.sum()
 breakdown = charts.titled(
     absolute | shares,
-    f"At {reference_context:,} tokens {top} needs {ratio:,.0f}x the cache of {bottom} per "
+    f"At {reference_context_tokens:,} tokens {top} needs {ratio:,.0f}x the cache of {bottom} per "
     "sequence",
     f"by cache part (model/perf/kv.py); KV dtype: {kv_dtype or 'model default'}; right: the same "
     "bars as shares")
@@ -98,6 +98,6 @@ for name in archs:
         "gb_per_reference_sequence": float(ref["gb"].sum()),
         "state_bytes": float(ref.loc[ref["component"] == "state", "bytes"].sum()),
     }
-nbio.write_headline(output_dir, {"reference_context": reference_context,
+nbio.write_headline(output_dir, {"reference_context_tokens": reference_context_tokens,
                                  "kv_dtype": kv_dtype or "default", "archs": headline})
 headline

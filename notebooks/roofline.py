@@ -13,8 +13,8 @@ tp: int = 1  # tensor parallel degree of attention/dense layers
 dp: int = 8  # attention data parallel degree (DEP with ep)
 ep: int = 8  # expert parallel degree; experts use tp*dp/ep-way tensor parallel
 precision: str = ""  # GEMM weight format override, empty for the checkpoint format
-decode_batch: int = 256  # sequences in the decode step (replica total)
-context: int = 4096  # tokens of context per decoding sequence / prompt length
+decode_seqs: int = 256  # sequences in the decode step (replica total)
+context_tokens: int = 4096  # context per decoding sequence / prompt length
 prefill_tokens: int = 8192  # new prompt tokens per rank in the prefill step
 output_dir: str = "."  # where figures and headline.json go
 
@@ -35,13 +35,12 @@ from pathlib import Path
 import pandas as pd
 
 from model.frontends import charts, nbio
-
 from model.perf import ops
-from model.specs.architecture import load_architecture
-from model.specs.hardware import load_hardware
 from model.perf.parallel import ParallelPlan
 from model.perf.roofline import compute_rate
 from model.perf.step import build_step_model
+from model.specs.architecture import load_architecture
+from model.specs.hardware import load_hardware
 
 a = load_architecture(arch)
 hw = load_hardware(hardware)
@@ -52,8 +51,8 @@ rate, peak = compute_rate(sm.arch.weight_dtype, hw)  # weight-only formats run a
 bandwidth = hw.hbm_bandwidth_bytes_per_s
 ridge = peak / bandwidth
 
-decode = sm.op_table(0, 0, decode_batch, context).assign(phase="decode")
-prefill = sm.op_table(prefill_tokens * dp, context, 0, 0, dp).assign(phase="prefill")
+decode = sm.op_table(0, 0, decode_seqs, context_tokens).assign(phase="decode")
+prefill = sm.op_table(prefill_tokens * dp, context_tokens, 0, 0, dp).assign(phase="prefill")
 table = pd.concat([decode, prefill], ignore_index=True)
 table["group"] = [charts.op_group(o, k) for o, k in zip(table["op"], table["kind"], strict=True)]
 table.sort_values(["phase", "time_s"], ascending=[True, False]).head(20)
@@ -91,14 +90,15 @@ chart = charts.roofline_chart(
     shape="phase", size="time_share", text="share_label", color_title="op",
     title=f"{a.name} on {hw.name}: {decode_hbm:.0%} of decode time is HBM-bound, "
           f"{1 - prefill_hbm:.0%} of prefill time compute-bound",
-    subtitle=f"plan {sm.plan.label()}; decode {decode_batch} seqs at {context:,} tokens, prefill "
-             f"{prefill_tokens:,} tokens per rank; labels: share of that phase's step time")
+    subtitle=f"plan {sm.plan.label()}; decode {decode_seqs} seqs at {context_tokens:,} tokens, "
+             f"prefill {prefill_tokens:,} tokens per rank; labels: share of that phase's step "
+             "time")
 charts.save(chart, Path(output_dir) / "roofline")
 chart
 
 # %%
-dec_b = sm.breakdown(0, 0, decode_batch, context)
-pre_b = sm.breakdown(prefill_tokens * dp, context, 0, 0, dp)
+dec_b = sm.breakdown(0, 0, decode_seqs, context_tokens)
+pre_b = sm.breakdown(prefill_tokens * dp, context_tokens, 0, 0, dp)
 headline = {
     "arch": a.name, "hardware": hw.name, "plan": sm.plan.label(),
     "ridge_flop_per_byte": ridge,

@@ -281,12 +281,31 @@ def test_ctrl_c_is_one_line_nonzero_and_resumable(tmp_path):
 
 def test_kernels_talk_over_their_own_unix_sockets(tmp_path):
     # Over TCP, jupyter_client picks free ports and the kernel binds them later; a kernel another
-    # worker starts in between can take one first ("ZMQError: Address already in use", seen in
-    # the test suite under pytest -n 2 on 2026-12-03: the kernel died before replying). Each
-    # kernel now gets ipc transport under a socket path of its own.
-    from model.frontends.nbio import _kernel_manager_class
+    # worker starts in between can take one first ("ZMQError: Address already in use": the
+    # kernel dies before replying). Each kernel gets ipc transport under a socket path of its own.
+    from model.frontends.nbio import LiveKernels, _kernel_manager_class
 
-    cls = _kernel_manager_class(tmp_path / "k.log", [])
+    cls = _kernel_manager_class(tmp_path / "k.log", LiveKernels())
     a, b = cls(), cls()
     assert a.transport == b.transport == "ipc"
     assert a.ip != b.ip and Path(a.ip).parent == Path(b.ip).parent
+
+
+def test_live_kernels_kill_their_process_group_and_files(tmp_path):
+    # a stand-in kernel: a process leading its own session, with a connection file and the
+    # ipc sockets `<prefix>-1 ...`; kill_all ends it and removes them, and forgets it
+    from model.frontends.nbio import LiveKernels
+
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    connection = tmp_path / "kernel.json"
+    connection.write_text("{}")
+    prefix = tmp_path / "servecast-test-ipc"
+    sockets = [Path(f"{prefix}-{i}") for i in (1, 2)]
+    for sock in sockets:
+        sock.write_text("")
+    kernels = LiveKernels()
+    kernels.add(process, str(connection), str(prefix))
+    kernels.kill_all()
+    assert process.poll() is not None
+    assert not connection.exists() and not any(s.exists() for s in sockets)
+    kernels.kill_all()  # nothing left to reap

@@ -8,7 +8,7 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from model.frontends import charts
+from model.frontends import charts, theme
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -120,7 +120,7 @@ def test_pareto_front_keeps_only_non_dominated_points():
     ("context_tokens", "context (tokens)"),
 ])
 def test_axis_titles_carry_the_unit_suffix(column, title):
-    assert charts._label(column) == title
+    assert theme.axis_title(column) == title
 
 
 def test_palette_has_twelve_distinct_colours_and_yellow_last():

@@ -1,4 +1,5 @@
-"""`model.validate.check` / `servecast check` on slices of the calibration data (repo copy)."""
+"""`model.fit.cases` (reading measured runs) and `model.validate.check` / `servecast check` on
+slices of the calibration data (repo copy)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from model.fit.cases import (
+    INFERENCEMAX,
+    _normalize,
+    cases_from_csv,
+    engine_for_row,
+    load_cases,
+    protocol_for_source,
+)
 from model.perf.parallel import ParallelPlan
 from model.serve.closed_loop import EngineConfig, Protocol
 from model.specs.architecture import load_architecture
 from model.specs.errors import ServecastError
-from model.validate.check import (
-    INFERENCEMAX,
-    _normalize,
-    cases_from_csv,
-    check,
-    engine_for_row,
-    load_cases,
-    predict_case,
-    protocol_for_source,
-)
+from model.validate.check import check, predict_case
 
 ROOT = Path(__file__).resolve().parent.parent
 CSV = ROOT / "data" / "calibration" / "e2e_measured.csv"
@@ -41,9 +41,8 @@ def vllm_llama70b(tmp_path_factory) -> Path:
 def test_slice_errors_at_measured_values(vllm_llama70b, tmp_path):
     out = check(vllm_llama70b, tmp_path / "rows.csv")
     assert out["rows"] == out["predicted"] > 100
-    # Measured with data/calibration/engine.yaml refitted 2026-12 (in-sample for these 173
-    # rows): TTFT median APE 0.192 (0.41 under the fitted-arrival model of 2026-11-29), TPOT
-    # 0.080. Bounds leave room for a refit after the kernel tables change.
+    # With data/calibration/engine.yaml (in-sample for these 173 rows): TTFT median APE 0.194,
+    # TPOT 0.079. Bounds leave room for a refit after the kernel tables change.
     assert out["tpot_median_ape"] < 0.12
     assert out["ttft_median_ape"] < 0.25
     assert set(out["by_system"]) == {"h100_sxm", "h200_sxm", "b200_sxm"}
@@ -75,8 +74,7 @@ def test_vllm_bench_json(tmp_path):
     # 320 requests of 32 clients: 10 rounds; no range ratio recorded: fixed lengths
     assert case.protocol == Protocol(rounds=10.0, range_ratio=1.0)
     # measured: TTFT 177.95 ms, TPOT 15.84 ms (the CSV row the file was built from); the model
-    # says 14.0 ms (-11%) and 212 ms (+19%) with the refitted engine.yaml of 2026-12 (274.6 ms,
-    # +54%, with the fitted-arrival model of 2026-11-29)
+    # says TPOT 14.0 ms (-11%) and TTFT 212 ms (+19%) with data/calibration/engine.yaml
     assert pred["tpot_ms"] == pytest.approx(15.84, rel=0.25)
     assert 177.95 / 1.5 < pred["ttft_ms"] < 177.95 * 1.5
 
@@ -104,11 +102,11 @@ def test_engine_settings_by_provenance():
     # InferenceX benchmarks/dsr1_fp8_b200.sh: --scheduler-recv-interval 30 from 16 clients on
     # (10 below), --chunked-prefill-size 32768 at TP8, 8192 and recv 10 at TP4
     assert engine_for_row(_row("sglang", "b200_sxm", ds, "fp8", 16), INFERENCEMAX, tp8) == \
-        EngineConfig(recv_interval=30.0, max_num_batched_tokens=32768)
+        EngineConfig(recv_interval_iters=30.0, max_num_batched_tokens=32768)
     assert engine_for_row(_row("sglang", "b200_sxm", ds, "fp8", 8), INFERENCEMAX, tp8) == \
-        EngineConfig(recv_interval=10.0, max_num_batched_tokens=32768)
+        EngineConfig(recv_interval_iters=10.0, max_num_batched_tokens=32768)
     assert engine_for_row(_row("sglang", "b200_sxm", ds, "fp8", 64), INFERENCEMAX, tp4) == \
-        EngineConfig(recv_interval=10.0, max_num_batched_tokens=8192)
+        EngineConfig(recv_interval_iters=10.0, max_num_batched_tokens=8192)
     # dsr1_fp4_b200.sh: chunked prefill 16384; dsr1_fp8_h200.sh: every iteration, 32768
     assert engine_for_row(_row("sglang", "b200_sxm", ds, "fp4", 64), INFERENCEMAX, tp8) \
         .max_num_batched_tokens == 16384
@@ -157,11 +155,10 @@ def test_disaggregated_rows_without_worker_counts(tmp_path):
 
 
 def test_calibration_csv_headline(cli):
-    """The whole calibration CSV through the CLI (issue 3 targets: TTFT median APE <= 0.25, TPOT
-    <= 0.15, >= 90% of rows predicted). Measured with engine.yaml refitted after the recipes'
-    admission settings (model.validate.check.engine_for_row), attention-DP balancing and the skewed-routing
-    MoE curves: 2425 of 2425 rows, TTFT 0.238 (0.263 before), TPOT 0.123 (0.125); aggregated
-    rows 0.211, disaggregated 0.430; 5-fold held out by configuration 0.265 / 0.132."""
+    """The whole calibration CSV through the CLI (targets: TTFT median APE <= 0.25, TPOT
+    <= 0.15, >= 90% of rows predicted). With data/calibration/engine.yaml: 2425 of 2425 rows,
+    TTFT 0.241, TPOT 0.130; aggregated rows 0.210, disaggregated 0.414; 5-fold held out by
+    configuration (engine.yaml scores) 0.259 / 0.139."""
     res = cli("check", str(CSV), "--json")
     assert res.code == 0, res.stderr
     out = json.loads(res.stdout)
@@ -170,7 +167,7 @@ def test_calibration_csv_headline(cli):
     assert out["ttft_median_ape"] <= 0.25
     assert out["by_deployment"]["aggregated"]["ttft_median_ape"] <= 0.22
     # the disaggregated rows stay the weak part (worker counts, speculative decoding and the
-    # decode pools' batch limits are not in the records): 0.43 measured
+    # decode pools' batch limits are not in the records): 0.414 measured
     assert out["by_mode"]["disagg"]["ttft_median_ape"] <= 0.47
 
 

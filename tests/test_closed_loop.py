@@ -5,27 +5,30 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from model.perf.engine_factors import LoopFactors
 from model.serve.closed_loop import (
-    LoopFactors,
+    MAX_PREFILL_LOAD,
     Protocol,
-    adp_balance_wait,
+    adp_balance_wait_s,
     arrival_sync,
-    batch_wait,
+    batch_wait_s,
     closed_loop,
     explain_terms,
     loop_terms,
-    md1_wait,
 )
+from model.serve.queueing import md1_wait_s
 
 # a bare run: one decode step of 10 ms, a single-prompt prefill step of 50 ms, nothing else
-BASE = {"k_dec": 0.010, "m_dec": 0.0, "n_dec": 0.0, "k_wave": 0.100, "m_wave": 0.0,
-        "n_wave": 0.0, "k_one": 0.050, "m_one": 0.0, "n_one": 0.0, "wave_steps_mean": 1.5,
-        "wave_steps": 2.0, "chunks": 1.0, "running": 4.0, "concurrency": 4.0, "osl": 101.0,
-        "per_rank": 4.0, "t_kv": 0.0, "disagg": 0.0, "spec": 1.0, "rounds": 10.0,
-        "fixed_lengths": 0.0, "prefill_first": 0.0, "prefill_servers": 1.0,
-        "wave_prompts": 2.0}
+BASE = {"decode_kernel_s": 0.010, "decode_expert_s": 0.0, "decode_network_s": 0.0,
+        "wave_kernel_s": 0.100, "wave_expert_s": 0.0, "wave_network_s": 0.0,
+        "one_kernel_s": 0.050, "one_expert_s": 0.0, "one_network_s": 0.0,
+        "wave_steps_mean": 1.5, "wave_steps": 2.0, "chunks": 1.0, "running_seqs": 4.0,
+        "concurrency": 4.0, "osl_tokens": 101.0, "seqs_per_server": 4.0, "kv_transfer_s": 0.0,
+        "disagg": 0.0, "tokens_per_step": 1.0, "rounds": 10.0, "fixed_lengths": 0.0,
+        "prefill_first": 0.0, "prefill_servers": 1.0, "wave_prompts": 2.0}
 # no step overhead, unit scales, 20 ms per request, no streaming lag
-PLAIN = {**{k: v for k, v in LoopFactors().__dict__.items() if k != "source"}, "step_overhead_s": 0.0, "request_overhead_s": 0.020}
+PLAIN = {**{k: v for k, v in LoopFactors().__dict__.items() if k != "source"},
+         "step_overhead_s": 0.0, "request_overhead_s": 0.020}
 
 
 def test_arrival_sync_derived_from_protocol_and_scheduler():
@@ -40,13 +43,11 @@ def test_arrival_sync_derived_from_protocol_and_scheduler():
     assert arrival_sync(0.5, 0.0, 0.0, 0.0) == pytest.approx(1.0)  # < 1 round: all burst
 
 
-def test_md1_wait_by_hand_and_capped():
-    # rho = 0.5, S = 0.2 s: 0.5 * 0.2 / (2 * 0.5) = 0.1 s
-    assert md1_wait(0.5, 0.2) == pytest.approx(0.1)
-    # two servers share a load of 1.0: rho 0.5 each
-    assert md1_wait(1.0, 0.2, 2.0) == pytest.approx(0.1)
-    # overload is capped at rho 0.95: 0.95 * 0.2 / (2 * 0.05) = 1.9 s
-    assert md1_wait(3.0, 0.2) == pytest.approx(1.9)
+def test_prefill_pool_wait_is_md1_capped():
+    # the prefill-pool queue takes model.serve.queueing's M/D/1 law, rho S / (2 (1 - rho)):
+    # rho = 0.5, S = 0.2 s: 0.1 s; overload is capped at rho 0.95: 0.95 * 0.2 / (2 * 0.05) = 1.9 s
+    assert md1_wait_s(0.5, 0.2, MAX_PREFILL_LOAD) == pytest.approx(0.1)
+    assert md1_wait_s(3.0, 0.2, MAX_PREFILL_LOAD) == pytest.approx(1.9)
 
 
 def test_staggered_run_by_hand():
@@ -84,7 +85,7 @@ def test_kv_limit_makes_extra_clients_wait():
     ttft, tpot, x = closed_loop(run, PLAIN, sync=0.0)
     assert x == pytest.approx(3.125)
     assert ttft == pytest.approx(8 / 3.125 - 100 * tpot)
-    assert explain_terms(run, {**PLAIN, "benchmark_rounds": 1e9})["ttft"]["queueing"] > 1.0
+    assert explain_terms(run, {**PLAIN, "benchmark_rounds": 1e9})["ttft_terms_s"]["queueing"] > 1.0
 
 
 def test_first_token_lag_shifts_ttft_not_the_cycle():
@@ -101,8 +102,8 @@ def test_first_token_lag_shifts_ttft_not_the_cycle():
 def test_disaggregated_prefill_pool_bounds_throughput():
     # one prefill server, 2 prompts per 0.5 s wave step: at most 4 prompts/s, however many
     # clients; 64 clients each decoding 100 tokens at 10 ms then wait for the prefill pool
-    run = {**BASE, "disagg": 1.0, "running": 64.0, "concurrency": 64.0, "per_rank": 64.0,
-           "k_wave": 0.5, "wave_prompts": 2.0}
+    run = {**BASE, "disagg": 1.0, "running_seqs": 64.0, "concurrency": 64.0,
+           "seqs_per_server": 64.0, "wave_kernel_s": 0.5, "wave_prompts": 2.0}
     ttft, tpot, x = closed_loop(run, PLAIN, sync=0.0)
     assert x == pytest.approx(4.0)
     assert tpot == pytest.approx(0.010)  # decode workers run undisturbed
@@ -112,10 +113,10 @@ def test_disaggregated_prefill_pool_bounds_throughput():
 def test_loop_terms_add_up_to_ttft():
     f = {**PLAIN, "first_token_steps": 3.0}
     t = loop_terms({**BASE, "concurrency": 8.0}, f)
-    parts = (t["prefill"] + t["kv_transfer"] + t["prefill_queue"] + t["request_overhead"]
-             + t["waiting"] + t["first_token_lag"] + t["adp_balance"] + t["admission"]
-             + t["batch_wait"])
-    assert t["ttft"] == pytest.approx(parts)
+    parts = (t["prefill_s"] + t["kv_transfer_s"] + t["prefill_queue_s"] + t["request_overhead_s"]
+             + t["waiting_s"] + t["first_token_lag_s"] + t["adp_balance_s"] + t["admission_s"]
+             + t["batch_wait_s"])
+    assert t["ttft_s"] == pytest.approx(parts)
     # derived sync of the run: 10 rounds on a mixed engine -> the burst share 0.1
     assert t["sync"] == pytest.approx(0.1)
 
@@ -137,10 +138,10 @@ def test_vectorized_over_runs():
 def test_adp_balance_wait_by_hand():
     # 8 DP ranks, 2 requests/s: a group fills after 7 more arrivals, 7 / (2 * 2) = 1.75 s on
     # average; the 60-iteration timeout at 20 ms per iteration releases every 1.2 s: 0.6 s
-    assert adp_balance_wait(8, 2.0, 0.020, 60) == pytest.approx(0.6)
+    assert adp_balance_wait_s(8, 2.0, 0.020, 60) == pytest.approx(0.6)
     # 100 requests/s fill the ranks first: 7 / 200 s
-    assert adp_balance_wait(8, 100.0, 0.020, 60) == pytest.approx(0.035)
-    assert adp_balance_wait(1, 2.0, 0.020, 60) == 0.0  # nothing to balance without DP
+    assert adp_balance_wait_s(8, 100.0, 0.020, 60) == pytest.approx(0.035)
+    assert adp_balance_wait_s(1, 2.0, 0.020, 60) == 0.0  # nothing to balance without DP
 
 
 def test_adp_balance_delays_staggered_requests_only():
@@ -148,28 +149,28 @@ def test_adp_balance_delays_staggered_requests_only():
     t0, t = loop_terms(BASE, PLAIN, sync=0.0), loop_terms(run, PLAIN, sync=0.0)
     # rate of the staggered run: 4 / (0.08 s + 100 * 0.012 s) = 3.125/s; fill 7 / 6.25 s =
     # 1.12 s; timeout 0.5 * 60 * 10 ms = 0.3 s: 0.3 s more to the first token
-    assert t["ttft"] - t0["ttft"] == pytest.approx(0.3)
-    assert t["tpot"] == pytest.approx(t0["tpot"])
+    assert t["ttft_s"] - t0["ttft_s"] == pytest.approx(0.3)
+    assert t["tpot_s"] == pytest.approx(t0["tpot_s"])
     # a synchronized wave fills every rank at once
-    assert loop_terms(run, PLAIN, sync=1.0)["ttft"] == pytest.approx(
-        loop_terms(BASE, PLAIN, sync=1.0)["ttft"])
+    assert loop_terms(run, PLAIN, sync=1.0)["ttft_s"] == pytest.approx(
+        loop_terms(BASE, PLAIN, sync=1.0)["ttft_s"])
 
 
 def test_recv_interval_admission_wait():
     # SGLang --scheduler-recv-interval 30: a new request waits (30 - 1) / 2 decode iterations of
     # 10 ms for the scheduler to pick it up; every engine receives at least every iteration
-    run = {**BASE, "recv_interval": 30.0}
+    run = {**BASE, "recv_interval_iters": 30.0}
     for sync in (0.0, 1.0):
         gap = closed_loop(run, PLAIN, sync)[0] - closed_loop(BASE, PLAIN, sync)[0]
         assert gap == pytest.approx(14.5 * 0.010)
-    assert loop_terms({**BASE, "recv_interval": 1.0}, PLAIN)["admission"] == 0.0
+    assert loop_terms({**BASE, "recv_interval_iters": 1.0}, PLAIN)["admission_s"] == 0.0
 
 
 def test_batch_wait_by_hand():
     # 1000 more tokens wanted, 1024-token prompts: one more prompt, 0.5 s away at 2/s; the
     # 20-iteration timeout (10 ms each) comes first: the first request waits 0.2 s, and the
     # 2 * 0.2 = 0.4 that join it on average less: 0.2 * (1.4 + 1) / (2 * 1.4)
-    assert batch_wait(1000.0, 1024.0, 2.0, 0.010, 20.0) == pytest.approx(0.2 * 2.4 / 2.8)
+    assert batch_wait_s(1000.0, 1024.0, 2.0, 0.010, 20.0) == pytest.approx(0.2 * 2.4 / 2.8)
     # enough tokens already: no wait; the feature off: no wait
-    assert batch_wait(-5.0, 1024.0, 2.0, 0.010, 20.0) == 0.0
-    assert batch_wait(1000.0, 1024.0, 2.0, 0.010, 0.0) == 0.0
+    assert batch_wait_s(-5.0, 1024.0, 2.0, 0.010, 20.0) == 0.0
+    assert batch_wait_s(1000.0, 1024.0, 2.0, 0.010, 0.0) == 0.0

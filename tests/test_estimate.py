@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.fit.engine import load_loop_factors
+from model.perf.engine_factors import load_loop_factors
 from model.perf.parallel import ParallelPlan
 from model.serve.closed_loop import loop_terms
 from model.serve.estimate import (
@@ -130,7 +130,7 @@ def test_disaggregated_blank_worker_counts_are_inferred(h200):
     assert out["feasible"] and out["workers_inferred"] is True
     comp = out["components"]
     # the fewest decode workers whose KV pools hold all 4096 running sequences
-    per_worker = np.floor(comp["max_running"] / out["decode_workers"])
+    per_worker = np.floor(comp["max_running_seqs"] / out["decode_workers"])
     assert out["running_seqs"] == 4096
     assert (out["decode_workers"] - 1) * per_worker < 4096 <= out["decode_workers"] * per_worker
     assert out["gpus"] == 8 * (out["prefill_workers"] + out["decode_workers"])
@@ -166,12 +166,13 @@ def test_engine_config_reaches_the_closed_loop(llama70b, h200):
     kw = dict(precision="fp8", backend="sglang")
     base = estimate(llama70b, h200, plan, 1024, 1024, 32, **kw)
     slow = estimate(llama70b, h200, plan, 1024, 1024, 32,
-                    engine=EngineConfig(recv_interval=30.0, max_num_batched_tokens=16384), **kw)
+                    engine=EngineConfig(recv_interval_iters=30.0, max_num_batched_tokens=16384), **kw)
     comp = slow["components"]
-    assert comp["recv_interval"] == 30.0 and base["components"]["recv_interval"] == 1.0
+    assert comp["recv_interval_iters"] == 30.0
+    assert base["components"]["recv_interval_iters"] == 1.0
     # the budget reaches the wave: 32 prompts of 1024 tokens in 16384-token steps
     assert comp["wave_steps"] == 2.0 and base["components"]["wave_steps"] == 4.0
     # the admission wait is (30 - 1) / 2 decode iterations of the run itself
     t = loop_terms(comp, load_loop_factors("sglang"))
-    assert float(t["admission"]) == pytest.approx(14.5 * float(t["t_dec"]))
-    assert slow["ttft_ms"] > base["ttft_ms"] + 0.5 * float(t["admission"]) * 1e3
+    assert float(t["admission_s"]) == pytest.approx(14.5 * float(t["decode_step_s"]))
+    assert slow["ttft_ms"] > base["ttft_ms"] + 0.5 * float(t["admission_s"]) * 1e3

@@ -12,7 +12,7 @@ def test_kv_footprint_notebook(tmp_path):
     headline = nbio.run_notebook(
         "kv_footprint",
         {"archs": ["deepseek-v3", "gpt-oss-120b", "kimi-k3"], "kv_dtype": "bf16",
-         "max_context": 131_072, "reference_context": 100_000},
+         "max_context_tokens": 131_072, "reference_context_tokens": 100_000},
         tmp_path)
     archs = headline["archs"]
     # DeepSeek V3: 70,272 B/token x 100,000 tokens = 7.0272 GB (61 x 576 x 2 B per token)

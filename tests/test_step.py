@@ -2,36 +2,52 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from test_ops import deepseek_v3_like, llama8b, toy_hw
 
+from model.perf.engine_factors import EngineFactors
 from model.perf.parallel import ParallelPlan
-from model.perf.step import EngineFactors, build_step_model
+from model.perf.step import build_step_model
 from model.specs.errors import Infeasible
 
 NO_OVERHEAD = EngineFactors(step_overhead_s=0.0)
 
 
+class _Chip(SimpleNamespace):
+    """A namespace chip hashed by identity."""
+
+    __hash__ = object.__hash__
+
+
+def chip(**over):
+    """test_ops.toy_hw's chip, hashable: build_step_model memoizes on its arguments (a
+    namespace double is wrapped in one hashed by identity)."""
+    hw = toy_hw(**over)
+    return _Chip(**vars(hw)) if isinstance(hw, SimpleNamespace) else hw
+
+
 def test_decode_step_at_least_weight_read_time():
     # Llama-8B bf16 on 3.35e12 B/s: reading 16.06e9 B of weights takes >= 4.79 ms
     # (theory.md §3.3: T_step >= N b_w / W_hbm at small batch)
-    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan(), factors=NO_OVERHEAD)
+    sm = build_step_model(llama8b(), chip(), ParallelPlan(), factors=NO_OVERHEAD)
     t = float(sm.step_time_s(0, 0, 1, 1024))
     assert t >= 16.06e9 / 3.35e12
     assert t < 2.0 * 16.06e9 / 3.35e12  # and within the kernel efficiencies of it
 
 
 def test_tp_speeds_up_memory_bound_decode():
-    sm1 = build_step_model(llama8b(), toy_hw(), ParallelPlan(), factors=NO_OVERHEAD)
-    sm4 = build_step_model(llama8b(), toy_hw(), ParallelPlan(tp=4), factors=NO_OVERHEAD)
+    sm1 = build_step_model(llama8b(), chip(), ParallelPlan(), factors=NO_OVERHEAD)
+    sm4 = build_step_model(llama8b(), chip(), ParallelPlan(tp=4), factors=NO_OVERHEAD)
     t1, t4 = float(sm1.step_time_s(0, 0, 8, 2048)), float(sm4.step_time_s(0, 0, 8, 2048))
     # a quarter of the weights per GPU, plus all-reduces: between 1/4 and 1/2 of the TP1 time
     assert t1 / 4 < t4 < t1 / 2
 
 
 def test_step_time_vectorized_matches_scalars():
-    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan(), factors=NO_OVERHEAD)
+    sm = build_step_model(llama8b(), chip(), ParallelPlan(), factors=NO_OVERHEAD)
     batch = np.array([1.0, 16.0, 128.0])
     vec = sm.step_time_s(0, 0, batch, 4096)
     one = [float(sm.step_time_s(0, 0, b, 4096)) for b in batch]
@@ -41,7 +57,7 @@ def test_step_time_vectorized_matches_scalars():
 
 
 def test_prefill_is_compute_bound_and_decode_hbm_bound():
-    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan(), factors=NO_OVERHEAD)
+    sm = build_step_model(llama8b(), chip(), ParallelPlan(), factors=NO_OVERHEAD)
     pre = sm.breakdown(8192, 8192, 0, 0)
     dec = sm.breakdown(0, 0, 1, 1024)
     assert pre["bottleneck"] == "compute"
@@ -58,14 +74,14 @@ def test_prefill_is_compute_bound_and_decode_hbm_bound():
 def test_kv_capacity_hand_derived():
     # vLLM pool = 0.9 x 80 GB - 16.06 GB weights - 4 GB activations = 51.94 GB;
     # Llama-8B bf16 KV: 32 layers x 8 heads x 256 x 2 B = 131072 B/token -> 396,300 tokens
-    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan())
+    sm = build_step_model(llama8b(), chip(), ParallelPlan())
     weights = sm.weight_bytes_per_gpu
     assert float(sm.kv_capacity_tokens(4096)) == pytest.approx((72e9 - weights - 4e9) / 131072,
                                                                rel=1e-6)
 
 
 def test_mla_kv_duplicated_under_tp_and_split_by_dcp():
-    hw = toy_hw(hbm_bytes=141e9, hbm_bandwidth_bytes_per_s=4.8e12)
+    hw = chip(hbm_bytes=141e9, hbm_bandwidth_bytes_per_s=4.8e12)
     tp8 = build_step_model(deepseek_v3_like(), hw, ParallelPlan(tp=8))
     dcp8 = build_step_model(deepseek_v3_like(), hw, ParallelPlan(tp=8, dcp=8))
     dep8 = build_step_model(deepseek_v3_like(), hw, ParallelPlan(dp=8, ep=8))
@@ -80,19 +96,19 @@ def test_mla_kv_duplicated_under_tp_and_split_by_dcp():
 
 def test_weights_that_do_not_fit_are_infeasible():
     with pytest.raises(Infeasible, match="leaves no KV cache"):
-        build_step_model(deepseek_v3_like(), toy_hw(), ParallelPlan(tp=4))
+        build_step_model(deepseek_v3_like(), chip(), ParallelPlan(tp=4))
 
 
 def test_speculative_decoding_tokens_per_step():
-    sm = build_step_model(llama8b(), toy_hw(), ParallelPlan(), spec_tokens=3,
+    sm = build_step_model(llama8b(), chip(), ParallelPlan(), spec_tokens=3,
                           spec_acceptance=0.8)
     # 1 + 0.8 + 0.64 + 0.512 expected tokens per step
     assert sm.tokens_per_decode_step == pytest.approx(2.952)
 
 
 def test_precision_override_halves_weight_bytes():
-    bf16 = build_step_model(llama8b(), toy_hw(), ParallelPlan())
-    fp8 = build_step_model(llama8b(), toy_hw(), ParallelPlan(), precision="fp8")
+    bf16 = build_step_model(llama8b(), chip(), ParallelPlan())
+    fp8 = build_step_model(llama8b(), chip(), ParallelPlan(), precision="fp8")
     # all projections go to 1 byte; embedding and LM head stay bf16 (2 x 525.3M x 2 B)
     heads = 2 * 128256 * 4096 * 2
     assert fp8.weight_bytes_per_gpu - heads == pytest.approx((bf16.weight_bytes_per_gpu - heads) / 2)
@@ -121,12 +137,11 @@ def test_dcp_leaves_linear_attention_to_tp():
 def test_msa_index_keys_are_one_per_token_in_the_step_model_too():
     # MiniMax M3's side index-K cache holds one 128-wide key per token per sparse layer
     # (research/architectures.md §3: TensorRT-LLM's [num_slots, 1, sparse_index_dim]; model.perf.kv):
-    # at TP1 the step model's per-sequence KV equals model.perf.kv's footprint (it had counted one
-    # key per 128-token block)
+    # at TP1 the step model's per-sequence KV equals model.perf.kv's footprint
     from model.perf.kv import sequence_kv
     from model.specs.architecture import load_architecture
     arch = load_architecture("minimax-m3")
-    sm = build_step_model(arch, toy_hw(hbm_bytes=2e12), ParallelPlan(), kv_dtype="bf16")
+    sm = build_step_model(arch, chip(hbm_bytes=2e12), ParallelPlan(), kv_dtype="bf16")
     ctx = 131072
     kv = sequence_kv(arch, ctx, "bf16")
     assert kv.indexer_bytes == pytest.approx(57 * 128 * 2 * ctx)
@@ -137,7 +152,7 @@ def test_dcp_prefill_gather_costs_nothing_in_decode_steps():
     # the prefill-only KV gather launches only when a step prefills (model.perf.parallel
     # Collective.skip_empty): a decode-only DCP step is the same with or without it, a
     # prefill step at 100K context pays it on every MLA layer
-    hw = toy_hw(hbm_bytes=141e9, hbm_bandwidth_bytes_per_s=4.8e12)
+    hw = chip(hbm_bytes=141e9, hbm_bandwidth_bytes_per_s=4.8e12)
     sm = build_step_model(deepseek_v3_like(), hw, ParallelPlan(tp=8, moe_tp=8, dcp=8))
     ops = {name: float(np.asarray(t)) * c for name, kind, c, t in
            sm._op_times(*(np.asarray(v, float) for v in (0.0, 0.0, 32.0, 50_000.0, 0.0)))}
@@ -146,3 +161,25 @@ def test_dcp_prefill_gather_costs_nothing_in_decode_steps():
            sm._op_times(*(np.asarray(v, float) for v in (4096.0, 100_000.0, 0.0, 0.0, 1.0)))}
     gathers = [v for k, v in pre.items() if k.endswith("dcp_kv_all_gather")]
     assert gathers and all(v > 0 for v in gathers)
+
+
+def test_factors_passed_explicitly_are_the_ones_applied():
+    # a decode-only step is (kernels + moe_scale x routed experts) x decode_scale + network +
+    # step overhead (StepModel._combine), the parts from step_parts before any factor
+    arch, plan = deepseek_v3_like(4), ParallelPlan(dp=8, ep=8)
+    hw = chip(hbm_bytes=141e9)
+    f = EngineFactors(step_overhead_s=0.003, decode_scale=0.9, moe_scale=1.3, prefill_scale=1.2)
+    sm = build_step_model(arch, hw, plan, factors=f)
+    assert sm.factors is f
+    kernel, network, experts = (float(x) for x in sm.step_parts(0, 0, 64, 8192))
+    assert float(sm.step_time_s(0, 0, 64, 8192)) == pytest.approx(
+        (kernel + 1.3 * experts) * 0.9 + network + 0.003, rel=1e-12)
+
+
+def test_build_step_model_is_memoized_on_all_its_arguments():
+    arch, hw = llama8b(), chip()
+    one = build_step_model(arch, hw, ParallelPlan(), factors=NO_OVERHEAD)
+    # positional or keyword, the same inputs give the same object; other factors another one
+    assert build_step_model(arch, hw, ParallelPlan(), None, None, "vllm", factors=NO_OVERHEAD) is one
+    other = build_step_model(arch, hw, ParallelPlan(), factors=EngineFactors(decode_scale=2.0))
+    assert other is not one and other.factors.decode_scale == 2.0

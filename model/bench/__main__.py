@@ -1,7 +1,7 @@
-"""`python -m model.bench.suite`: the speed targets (make bench)."""
+"""`python -m model.bench`: the speed targets (make bench)."""
 
 import sys
 
-from model.bench.suite.suite import main
+from model.bench.suite import main
 
 sys.exit(main())

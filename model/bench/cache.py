@@ -8,6 +8,10 @@ import time
 import numpy as np
 
 from model import ROOT
+from model.serve import cache_model, routing
+from model.serve import cache_replay as cache
+from model.specs.traces import load_trace
+from model.specs.workload import load_workload
 
 AGENTX = ROOT / "data" / "traces" / "cc_traces_weka_042026_sample"
 
@@ -19,11 +23,6 @@ def _timed(fn):
 
 
 def bench_cache() -> dict:
-    from model.serve import cache_model, routing
-    from model.serve import cache_replay as cache
-    from model.specs.traces import load_trace
-    from model.specs.workload import load_workload
-
     cache._stack_kernel()  # numba compile/load is a one-time cost, measured separately
     _, jit_s = _timed(lambda: cache.stack_distances(np.arange(10, dtype=np.int64)))
     sessions, load_s = _timed(lambda: load_trace(AGENTX))

@@ -1,28 +1,37 @@
 """`bench_search()`: speed of the full deployment search on the default scenario (`make bench`).
 
 Two numbers: `cold` includes enumerating the plans, building every plan's step model, the step
-tables the search reads (prefill-only plans need none) and the cache model's answers for every plan's capacities (what happens once per process
-is done before the clock starts: imports, reading data files, calibration tables and the
-workload's sessions, compiling the sympy op formulas), median and minimum of `repeats` runs;
-`warm` re-runs the search with those tables kept, which is the cost of evaluating the
-candidates (the target: >= 10,000 candidates in <= 2 s)."""
+tables the search reads (prefill-only plans need none) and the cache model's answers for every
+plan's capacities (what happens once per process is done before the clock starts: imports,
+reading data files, calibration tables and the workload's sessions, compiling the sympy op
+formulas), median and minimum of `repeats` runs; `warm` re-runs the search with those tables
+kept, which is the cost of evaluating the candidates (the target: >= 10,000 candidates in
+<= 2 s)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
 
-from model.plan.planner import _MODEL_CACHE, _PLANS_CACHE, DEFAULT_SCENARIO, plan
+from model.perf import kernels, ops, roofline
+from model.perf.engine_factors import engine_factors
+from model.plan import search_cache
+from model.plan.planner import (
+    _MODEL_CACHE,
+    _PLANS_CACHE,
+    DEFAULT_SCENARIO,
+    _load,
+    plan,
+    traffic_for,
+)
+from model.serve import cache_model
 
 
 def _clear_search_caches() -> None:
     """Forget what a search builds: plans, step models and tables, GEMM columns, cache-model
     answers and per-sample curves."""
-    from model.perf import roofline
-    from model.plan.planner import search_cache
-    from model.serve import cache_model
-
     for cache in (_MODEL_CACHE, _PLANS_CACHE, roofline._GEMM_COLUMNS, search_cache._HITS,
                   search_cache._GRID_HITS, cache_model._curves, cache_model._cached_parts):
         cache.clear()
@@ -32,10 +41,6 @@ def bench_search(repeats: int = 3, **scenario) -> dict:
     args = {**DEFAULT_SCENARIO, **scenario}
     # data read once per process, not timed: spec files, the calibration tables and the
     # workload's recorded sessions
-    from model import kernels, ops, serving  # noqa: F401  (imported by plan on first use)
-    from model.perf.step import engine_factors
-    from model.plan.planner import _load, traffic_for
-
     for name in ops.FORMULAS:
         ops.compiled(name)
 
@@ -69,6 +74,4 @@ def bench_search(repeats: int = 3, **scenario) -> dict:
 
 
 if __name__ == "__main__":
-    import json
-
     print(json.dumps(bench_search(), indent=2))

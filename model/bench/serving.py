@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import time
 
+from model.perf.parallel import ParallelPlan
+from model.perf.step import build_step_model
+from model.serve.engine import AffineStepModel, serve, sweep
+from model.serve.policy import EnginePolicy
+from model.serve.simulate import simulate
+from model.specs.architecture import load_architecture
+from model.specs.hardware import load_hardware
+from model.specs.workload import ClosedLoop, OpenLoop, load_workload
+
 
 def _best_of(fn, repeat: int = 3) -> float:
     """Best CPU time of `repeat` runs (process time: the shared 2-core machine's load inflates
@@ -17,11 +26,6 @@ def _best_of(fn, repeat: int = 3) -> float:
 
 
 def bench_serving() -> dict:
-    from model.serve.engine import AffineStepModel, serve, sweep
-    from model.serve.policy import EnginePolicy
-    from model.serve.simulate import simulate
-    from model.specs.workload import ClosedLoop, OpenLoop, load_workload
-
     sm = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
     agentx = load_workload("agentx")
     off, on = EnginePolicy(long_prefill_token_threshold=0), EnginePolicy(long_prefill_token_threshold=512)
@@ -33,12 +37,7 @@ def bench_serving() -> dict:
         "sweep_agentx_8_points_s": _best_of(
             lambda: sweep(sm, agentx, on, [8, 16, 32, 64, 96, 128, 192, 256]), 1),
     }
-    try:  # the planner's case: a real step model (engineer D), cache model wired in
-        from model.perf.parallel import ParallelPlan
-        from model.perf.step import build_step_model
-        from model.specs.architecture import load_architecture
-        from model.specs.hardware import load_hardware
-
+    try:  # the planner's case: a real step model, cache model wired in
         real = build_step_model(load_architecture("deepseek-v4-pro"), load_hardware("b300"),
                                 ParallelPlan(tp=1, dp=8, ep=8))
         serve(real, agentx, on, ClosedLoop(256))

@@ -1,6 +1,7 @@
 """Engine factors, fitted with scipy on the end-to-end calibration measurements
 (`data/calibration/e2e_measured.csv`, copied from ../shared/data/calibration/), stored with
-provenance in `data/calibration/engine.yaml`, and scored on held-out folds.
+provenance in `data/calibration/engine.yaml` (read back by `model.perf.engine_factors`), and
+scored on held-out folds.
 
 Ten named factors per backend (vllm, sglang, trtllm) and two shared by all:
 - `step_overhead_s`: fixed time per engine step (scheduler, sampling, launches, host syncs);
@@ -16,36 +17,34 @@ Ten named factors per backend (vllm, sglang, trtllm) and two shared by all:
   `model.serve.closed_loop`). SGLang and TensorRT-LLM send the first token at once whatever their
   `stream_interval` (sglang scheduler output: `len(req.output_ids) == 1`; gpt-oss on TRT-LLM
   B200 with stream_interval 20 measures a 39 ms TTFT at 3.7 ms per step), so this is what the
-  first-token path costs beyond the modeled terms; it fell from 15 (SGLang) and 8 (TRT-LLM)
-  steps to 1.6 and 6 once the recipes' admission settings (scheduler-recv-interval, batch
-  waiting, attention-DP balancing; `model.validate.check.engine_for_row`) were modeled;
+  first-token path costs beyond the modeled terms, with the recipes' admission settings
+  (scheduler-recv-interval, batch waiting, attention-DP balancing;
+  `model.fit.cases.engine_for_row`) modeled;
 - `disagg_prefill_scale`: replaces `prefill_scale` on the prefill workers of disaggregated
   deployments (prefill-only steps under their own engine settings);
 - `disagg_decode_scale`: multiplies the decode step of disaggregated decode workers (what a
-  decode-only worker pays beyond the same batch in an aggregated engine; fitted 1.07 on SGLang,
-  1.25 on TensorRT-LLM on 2026-12-03);
+  decode-only worker pays beyond the same batch in an aggregated engine);
 - `disagg_request_overhead_s`: the fixed per-request time of disaggregated deployments, whose
   requests take another path (router, prefill worker, KV transfer, decode worker);
 - shared: `benchmark_rounds`, requests per client of runs whose protocol does not say
   (`model.serve.closed_loop`: the first round arrives as a burst); `varied_wave_persistence`, the
   share of later rounds that stay synchronized on a prefill-first scheduler when request
   lengths vary (the one cell of the arrival table where the two mechanisms compete).
-How synchronized the clients arrive is otherwise not fitted: `model.serve.closed_loop` derives it from
-the benchmark protocol and the engine's scheduler. Only runs whose deployment is recorded are fitted:
-a disaggregated run without worker counts (433 of 510; `model.validate.check` infers the minimum that
-fits) leaves the batch per decode worker a guess, and those guesses pulled the decode factor
-the wrong way (0.72-0.76 fitted on all rows, under which the model's TPOT came out 37% short
-on the 77 runs with recorded workers). They stay in the scores ("disagg inferred"). A backend
-with fewer than MIN_DISAGG_ROWS recorded disaggregated runs keeps its disaggregated prefill
-factor and request overhead tied to the aggregated ones and takes the decode factor pooled
-over the fitted backends (`_pool_decode`; vLLM: 3 rows).
+How synchronized the clients arrive is otherwise not fitted: `model.serve.closed_loop` derives it
+from the benchmark protocol and the engine's scheduler. Only runs whose deployment is recorded
+are fitted: a disaggregated run without worker counts (`model.fit.cases` infers the minimum that
+fits) leaves the batch per decode worker a guess, and fitted on those guesses the decode factor
+leaves the model's TPOT short on the runs with recorded workers. They stay in the scores
+("disagg inferred"). A backend with fewer than MIN_DISAGG_ROWS recorded disaggregated runs keeps
+its disaggregated prefill factor and request overhead tied to the aggregated ones and takes the
+decode factor pooled over the fitted backends (`_pool_decode`; vLLM: 3 rows).
 
-The kernel physics (model.perf.roofline with the kernel fits of model.perf.kernels) is computed once per
-run (`model.validate.check.case_components`); the fit then only evaluates `closed_loop`, so it takes
-seconds. Loss: Cauchy (robust) on log(pred/measured) of TTFT and TPOT, from the deterministic
-starting points of `STARTS` (the loss has more than one basin; the lowest cost wins). Scores are reported
-in-sample, 5-fold by configuration (model, system, backend, plan: all ISL/OSL/concurrency points
-of one deployment are held out together) and leaving one model out.
+The kernel physics (model.perf.roofline with the kernel fits of model.perf.kernels) is computed
+once per run (`model.fit.cases.case_components`); the fit then only evaluates `closed_loop`, so
+it takes seconds. Loss: Cauchy (robust) on log(pred/measured) of TTFT and TPOT, from the
+deterministic starting points of `STARTS` (the loss has more than one basin; the lowest cost
+wins). Scores are reported in-sample, 5-fold by configuration (model, system, backend, plan: all
+ISL/OSL/concurrency points of one deployment are held out together) and leaving one model out.
 
 Run `python -m model.fit.engine` to refit and rewrite engine.yaml.
 """
@@ -53,23 +52,23 @@ Run `python -m model.fit.engine` to refit and rewrite engine.yaml.
 from __future__ import annotations
 
 import datetime
-from dataclasses import asdict, fields
-from functools import cache
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
 import yaml
+from scipy.optimize import least_squares
 
 from model import ROOT
-from model.specs.specio import load_yaml
+from model.fit.cases import case_components, case_plan_label, deployment_kind, load_cases
+from model.perf.engine_factors import ENGINE_YAML, engine_factors, engine_table
+from model.serve.closed_loop import closed_loop
 
-ENGINE_YAML = ROOT / "data" / "calibration" / "engine.yaml"
 E2E_CSV = ROOT / "data" / "calibration" / "e2e_measured.csv"
 FITTED = ("step_overhead_s", "prefill_scale", "decode_scale", "moe_scale", "moe_prefill_scale",
           "request_overhead_s", "first_token_steps", "disagg_prefill_scale",
           "disagg_decode_scale", "disagg_request_overhead_s")
 SHARED = ("benchmark_rounds", "varied_wave_persistence")
-BACKENDS = ("vllm", "sglang", "trtllm")
 _LO = np.array([0.0, 0.2, 0.2, 0.2, 0.2, 0.0, 0.0, 0.2, 0.2, 0.0])
 _HI = np.array([0.05, 5.0, 5.0, 5.0, 5.0, 2.0, 50.0, 5.0, 5.0, 5.0])
 _X0 = np.array([0.003, 1.0, 1.0, 1.0, 1.0, 0.05, 2.0, 1.0, 1.0, 0.1])
@@ -78,55 +77,22 @@ _SHARED_X0 = np.array([8.0, 0.3])
 _N = len(FITTED)
 
 
-@cache
-def _table() -> dict:
-    if not ENGINE_YAML.exists():
-        return {}
-    return load_yaml(ENGINE_YAML.read_text()) or {}
-
-
-def load_factors(backend: str, system: str | None = None):
-    """Fitted factors of a backend (defaults when engine.yaml has none)."""
-    from model.perf.step import EngineFactors
-
-    entry = _table().get("backends", {}).get(backend)
-    if not entry:
-        return EngineFactors()
-    values = {f.name: float(entry[f.name]) for f in fields(EngineFactors) if f.name in entry
-              and f.name != "source"}
-    values["source"] = f"{ENGINE_YAML.name}:{backend} (fitted {_table().get('fitted', '?')})"
-    return EngineFactors(**values)
-
-
-def load_loop_factors(backend: str) -> dict:
-    """All closed-loop factors of a backend (model.serve.closed_loop.LoopFactors names -> value),
-    defaults where engine.yaml has none."""
-    from model.serve.closed_loop import LoopFactors
-
-    out = asdict(LoopFactors())
-    entry = _table().get("backends", {}).get(backend) or {}
-    out.update({k: float(v) for k, v in entry.items() if k in out})
-    out.update({k: float(v) for k, v in (_table().get("shared") or {}).items() if k in out})
-    return out
-
-
 def factors_dict(factors) -> dict:
     return {k: v for k, v in asdict(factors).items() if k in FITTED}
 
 
 # ---- data ---------------------------------------------------------------------------------------
-COMPONENT_KEYS = ("m_dec", "m_wave", "m_one", "k_dec", "n_dec", "k_wave", "n_wave",
-                  "wave_steps_mean", "wave_steps", "k_one", "n_one", "chunks", "running",
-                  "concurrency", "osl", "per_rank", "t_kv", "disagg", "spec", "rounds",
-                  "fixed_lengths", "prefill_first", "prefill_servers", "wave_prompts", "dp",
-                  "adp_timeout_iters", "recv_interval", "new_tokens", "batch_wait_iters",
-                  "batch_wait_tokens")
+COMPONENT_KEYS = ("decode_expert_s", "wave_expert_s", "one_expert_s", "decode_kernel_s",
+                  "decode_network_s", "wave_kernel_s", "wave_network_s", "wave_steps_mean",
+                  "wave_steps", "one_kernel_s", "one_network_s", "chunks", "running_seqs",
+                  "concurrency", "osl_tokens", "seqs_per_server", "kv_transfer_s", "disagg",
+                  "tokens_per_step", "rounds", "fixed_lengths", "prefill_first", "prefill_servers",
+                  "wave_prompts", "dp", "adp_timeout_iters", "recv_interval_iters", "new_tokens",
+                  "batch_wait_iters", "batch_wait_tokens")
 
 
 def component_table(path=E2E_CSV) -> pd.DataFrame:
     """One row per measured run: identifiers, measurements and the physics components."""
-    from model.validate.check import case_components, case_plan_label, deployment_kind, load_cases
-
     rows = []
     for case in load_cases(path):
         comp = case_components(case)
@@ -147,8 +113,6 @@ Params = dict  # {"backends": {backend: vector in FITTED order}, "shared": vecto
 
 def predict(df: pd.DataFrame, params: Params) -> tuple[np.ndarray, np.ndarray]:
     """(ttft_ms, tpot_ms) for the rows of a component table under fitted params."""
-    from model.serve.closed_loop import closed_loop
-
     per = np.stack([params["backends"][b] for b in df["backend"]])
     f = {name: per[:, i] for i, name in enumerate(FITTED)}
     f.update({name: params["shared"][i] for i, name in enumerate(SHARED)})
@@ -158,7 +122,7 @@ def predict(df: pd.DataFrame, params: Params) -> tuple[np.ndarray, np.ndarray]:
 
 
 MIN_DISAGG_ROWS = 10  # below this many recorded disaggregated runs a backend's are tied
-FIT_DEPLOYMENTS = ("aggregated", "disagg recorded")  # model.validate.check.deployment_kind groups fitted
+FIT_DEPLOYMENTS = ("aggregated", "disagg recorded")  # model.fit.cases.deployment_kind groups
 
 
 def fit_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -223,8 +187,6 @@ def fit(df: pd.DataFrame) -> Params:
     """Robust least-squares fit (Cauchy loss, f_scale 0.2, on log ratios) of the factors per
     backend present in `df` and of the shared ones, on `fit_rows(df)` (disaggregated factors
     tied for backends with fewer than MIN_DISAGG_ROWS recorded disaggregated runs)."""
-    from scipy.optimize import least_squares
-
     df = fit_rows(df)
     backends = sorted(df["backend"].unique())
     nb = len(backends)
@@ -304,7 +266,7 @@ def run(path=E2E_CSV, write: bool = True) -> dict:
                   "TensorRT-LLM (too few recorded vLLM runs); kernels "
                   "from model.perf.roofline (data/calibration/kernels.yaml); closed loop from "
                   "model.serve.closed_loop.closed_loop with the admission settings of "
-                  "model.validate.check.engine_for_row",
+                  "model.fit.cases.engine_for_row",
         "rows": int(len(table)), "rows_scored": int(len(df)),
         "rows_fitted": int(len(fit_rows(df))),
         "backends": {b: {name: float(v) for name, v in zip(FITTED, vec, strict=True)}
@@ -318,10 +280,8 @@ def run(path=E2E_CSV, write: bool = True) -> dict:
         ENGINE_YAML.parent.mkdir(parents=True, exist_ok=True)
         ENGINE_YAML.write_text("# Engine factors per backend; written by `python -m model.fit.engine`"
                                "\n" + yaml.safe_dump(result, sort_keys=False, width=100))
-        _table.cache_clear()
-        from model.perf.step import _stored_factors
-
-        _stored_factors.cache_clear()
+        engine_table.cache_clear()
+        engine_factors.cache_clear()
     return result
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from scipy.stats import norm
 
 from model import ROOT
 from model.specs.workload import WORKLOADS_DIR, Workload
@@ -180,8 +181,6 @@ def fit_agentx_v1(synthetic: dict) -> dict:
     }
     # requests' contexts: the sessions' own request-level quantiles mapped onto a lognormal
     # through v1.0's ISL quantiles (the generator's tail is heavier than v1.0's)
-    from scipy.stats import norm
-
     probs = np.array(MAP_PROBABILITIES)
     own = Workload.model_validate(profile).request_mix(200_000, seed=0).context_tokens
     mu_in, sigma_in = _lognormal_through(V1_ISL_QUANTILES)

@@ -20,9 +20,11 @@ line on stderr from the CLI, a non-zero exit, no traceback. A rerun resumes.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import itertools
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -37,15 +39,17 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from tqdm import tqdm
 
 from model import ROOT
 from model.frontends.nbio import (
     HEADLINE,
     KERNEL_LOG,
+    LiveKernels,
     execute_notebook,
     fast_notebook_imports,
-    kill_kernels,
     notebook_path,
+    plain,
     publish,
     read_headline,
     write_atomic,
@@ -156,7 +160,7 @@ def resolve_notebook(spec: str, base: Path) -> Path:
 def notebook_parameters(path: Path) -> dict[str, str]:
     """Names declared in the notebook's `parameters` cell -> their annotation (or '')."""
     fast_notebook_imports()
-    import jupytext
+    import jupytext  # heavy: only when a grid is loaded
 
     nb = jupytext.read(path)
     for cell in nb.cells:
@@ -278,9 +282,12 @@ def run_scenario(notebook: str, scenario_dir: str, parameters: dict[str, Any],
     (folder / HEADLINE).unlink(missing_ok=True)  # a stale headline must not pass as this run's
     (folder / "error.txt").unlink(missing_ok=True)
     start = time.perf_counter()
+    kernels = LiveKernels()
     for attempt in range(1 + KERNEL_START_RETRIES):
         try:
-            headline = execute_notebook(Path(notebook), parameters, folder, timeout_s)
+            with _kernels_die_with_worker(kernels):
+                headline = execute_notebook(Path(notebook), parameters, folder, timeout_s,
+                                            kernels)
             status, error = "succeeded", ""
             elapsed = time.perf_counter() - start
             write_atomic(folder / DONE, json.dumps({"parameters": _plain(parameters),
@@ -335,8 +342,6 @@ def _run_batch(grid_path, out_dir, workers, scheduler, progress, timeout_s) -> B
     jobs = [(s.id, (str(grid.notebook), str(folders[s.id]), s.parameters, timeout_s))
             for s in todo]
     runner = _run_dask if scheduler else _run_processes
-    from tqdm import tqdm
-
     interrupted = False
     try:
         with tqdm(total=len(scenarios), initial=len(scenarios) - len(todo), unit="scenario",
@@ -371,47 +376,38 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-class _sigterm_as_interrupt:  # noqa: N801 - used as a context manager
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
     """SIGTERM (a scheduler or `kill` stopping the batch) takes the Ctrl-C path."""
-
-    def __enter__(self):
-        self.previous = None
-        if _in_main_thread():
-            self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        return self
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-        return False
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _in_main_thread() else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-class _no_interrupts:  # noqa: N801 - used as a context manager
+@contextlib.contextmanager
+def _no_interrupts():
     """Hold off SIGINT/SIGTERM while the summary is written (both are atomic and quick)."""
-
-    def __enter__(self):
-        self.previous = {}
-        if _in_main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self.previous[sig] = signal.signal(sig, signal.SIG_IGN)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
+    sigs = (signal.SIGINT, signal.SIGTERM) if _in_main_thread() else ()
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
-        return False
 
 
 def worker_context():
     """fork where the OS has it: workers inherit the imported modules, and unlike spawn it never
-    re-runs the caller's __main__ (e.g. `python -m model.frontends.cli` without a main guard). Each worker
-    only drives a kernel subprocess, so no state shared across the fork is used concurrently."""
-    import multiprocessing
-
+    re-runs the caller's __main__ (e.g. `python -m model.frontends.cli` without a main guard).
+    Each worker only drives a kernel subprocess, so no state shared across the fork is used
+    concurrently."""
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
@@ -423,15 +419,35 @@ def _default_workers(n_jobs: int) -> int:
 def _worker_init() -> None:
     """Each worker leads its own process group: the terminal's Ctrl-C (sent to the foreground
     group) reaches only the batch process, which then stops the workers deliberately. SIGTERM
-    from the batch process kills this worker's kernels and ends it without a traceback."""
+    from the batch process ends the worker without a traceback (`_kernels_die_with_worker`
+    kills a running scenario's kernels first)."""
     os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop_worker)
 
 
 def _stop_worker(signum, frame) -> None:
-    kill_kernels()
     os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def _kernels_die_with_worker(kernels: LiveKernels):
+    """Inside a batch worker (its SIGTERM handler is `_stop_worker`), a SIGTERM kills the
+    scenario's kernels before the worker exits; elsewhere (the batch process, a Dask thread)
+    nothing changes."""
+    if not _in_main_thread() or signal.getsignal(signal.SIGTERM) is not _stop_worker:
+        yield
+        return
+
+    def stop(signum, frame) -> None:
+        kernels.kill_all()
+        _stop_worker(signum, frame)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, _stop_worker)
 
 
 def _stop_workers(processes: list) -> None:
@@ -470,7 +486,7 @@ def _run_processes(jobs: list[tuple[str, tuple]], done: Callable[[str, dict], No
 
 def _run_dask(jobs: list[tuple[str, tuple]], done: Callable[[str, dict], None], *,
               workers: int | None, scheduler: str | None) -> None:
-    from distributed import Client
+    from distributed import Client  # optional and heavy: only with --scheduler
     from distributed import as_completed as dask_completed
 
     try:
@@ -533,8 +549,7 @@ def summarize(scenarios: Iterable[Scenario], results: dict[str, dict[str, Any]],
 
 
 def _plain(value: Any) -> Any:
-    from model.frontends.cli.output import _plain as plain
-
+    """JSON-ready and round-tripped through JSON, as a completion marker records it."""
     return json.loads(json.dumps(plain(value), default=str))
 
 

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import signal
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from model import ROOT
 from model.specs.errors import ServecastError
@@ -22,10 +27,21 @@ NOTEBOOKS = ROOT / "notebooks"
 HEADLINE = "headline.json"
 
 
-def _plain(value: Any) -> Any:
-    from model.frontends.cli.output import _plain as plain
-
-    return plain(value)
+def plain(value: Any) -> Any:
+    """`value` as JSON-ready Python: numpy scalars as numbers, non-finite floats as None (JSON
+    has no inf/nan; callers report infeasibility with a reason instead), pydantic models as
+    dicts, tuples as lists."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "model_dump"):
+        return plain(value.model_dump())
+    return value
 
 
 def write_atomic(path: Path, text: str) -> Path:
@@ -49,7 +65,7 @@ def publish(tmp: str | Path, path: Path) -> None:
 
 def write_headline(output_dir: str | Path, headline: dict[str, Any]) -> Path:
     """Record a notebook's headline numbers as `output_dir/headline.json`."""
-    return write_atomic(Path(output_dir) / HEADLINE, json.dumps(_plain(headline), indent=2))
+    return write_atomic(Path(output_dir) / HEADLINE, json.dumps(plain(headline), indent=2))
 
 
 def read_headline(output_dir: str | Path) -> dict[str, Any]:
@@ -76,13 +92,45 @@ def fast_notebook_imports() -> None:
 
 
 KERNEL_LOG = ".kernel.log"
-# Kernels this process started and has not yet seen exit: Popen -> (connection file, ipc socket
-# prefix). A batch worker that is told to stop kills them (`kill_kernels`) before it exits.
-_LIVE_KERNELS: dict[Any, tuple[str, str]] = {}
 
 
-def _kernel_manager_class(log_path: Path, started: list):
-    """An nbclient kernel manager whose kernel writes its own stdout/stderr to `log_path`.
+class LiveKernels:
+    """The Jupyter kernels one notebook run started and has not yet seen exit: process ->
+    (connection file, ipc socket prefix). The run reaps them when it ends; a batch worker that
+    is told to stop kills them first (`kill_all`)."""
+
+    def __init__(self) -> None:
+        self._kernels: dict[Any, tuple[str, str]] = {}
+
+    def add(self, process, connection_file: str, ipc_prefix: str) -> None:
+        self._kernels[process] = (connection_file, ipc_prefix)
+
+    def reap(self, process) -> None:
+        """Kill a kernel that outlived its run (its own session: kill the whole group) and
+        remove its connection file and sockets."""
+        connection_file, ipc_prefix = self._kernels.pop(process, ("", ""))
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except OSError:
+                process.kill()
+            with contextlib.suppress(Exception):  # best effort; the OS reaps it with its parent
+                process.wait(timeout=5)
+        if connection_file:
+            Path(connection_file).unlink(missing_ok=True)
+        if ipc_prefix:  # the kernel's Unix sockets (`ipc_prefix`-1 ... -5)
+            for sock in Path(ipc_prefix).parent.glob(Path(ipc_prefix).name + "-*"):
+                sock.unlink(missing_ok=True)
+
+    def kill_all(self) -> None:
+        """Kill every kernel still tracked."""
+        for process in list(self._kernels):
+            self.reap(process)
+
+
+def _kernel_manager_class(log_path: Path, kernels: LiveKernels):
+    """An nbclient kernel manager whose kernel writes its own stdout/stderr to `log_path` and
+    is tracked in `kernels`.
 
     The kernel process logs to the terminal otherwise: ipykernel's transport warning at start,
     `KeyboardInterrupt caught in kernel` when jupyter_client interrupts it before every
@@ -90,11 +138,9 @@ def _kernel_manager_class(log_path: Path, started: list):
 
     Kernels talk over Unix sockets under a path of their own (transport ipc), not TCP: with
     TCP, jupyter_client picks free ports and the kernel binds them later, and a kernel started
-    in between by another batch worker can take one first ("ZMQError: Address already in use",
-    seen under pytest -n 2: the kernel dies before replying)."""
-    import uuid
-
-    from jupyter_client.manager import AsyncKernelManager
+    in between by another batch worker can take one first ("ZMQError: Address already in use":
+    the kernel dies before replying)."""
+    from jupyter_client.manager import AsyncKernelManager  # heavy: only when a notebook runs
     from traitlets import default
 
     class LoggedKernelManager(AsyncKernelManager):
@@ -112,46 +158,23 @@ def _kernel_manager_class(log_path: Path, started: list):
                 await super()._async_launch_kernel(kernel_cmd, **kw)
             process = getattr(self.provisioner, "process", None)
             if process is not None:
-                started.append(process)
-                _LIVE_KERNELS[process] = (self.connection_file, self.ip)
+                kernels.add(process, self.connection_file, self.ip)
 
     return LoggedKernelManager
 
 
-def _reap(process) -> None:
-    """Kill a kernel that outlived its run (its own session: kill the whole group)."""
-    import signal
-
-    connection_file, ipc_prefix = _LIVE_KERNELS.pop(process, ("", ""))
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except OSError:
-            process.kill()
-        with contextlib.suppress(Exception):  # best effort; the OS reaps it with its parent
-            process.wait(timeout=5)
-    if connection_file:
-        Path(connection_file).unlink(missing_ok=True)
-    if ipc_prefix:  # the kernel's Unix sockets (`ipc_prefix`-1 ... -5)
-        for sock in Path(ipc_prefix).parent.glob(Path(ipc_prefix).name + "-*"):
-            sock.unlink(missing_ok=True)
-
-
-def kill_kernels() -> None:
-    """Kill every kernel this process started that is still running (batch workers on stop)."""
-    for process in list(_LIVE_KERNELS):
-        _reap(process)
-
-
 def execute_notebook(notebook: Path, parameters: dict[str, Any], output_dir: str | Path,
-                     timeout_s: int = 600) -> dict[str, Any]:
+                     timeout_s: int = 600, kernels: LiveKernels | None = None) -> dict[str, Any]:
     """Papermill-run one jupytext notebook file into `output_dir`; return its headline numbers.
 
-    The kernel's own log goes to `output_dir/.kernel.log`, kept only when the run fails."""
+    The kernel's own log goes to `output_dir/.kernel.log`, kept only when the run fails. The
+    kernels it starts are tracked in `kernels` (a fresh set unless given) and reaped when the
+    run ends."""
     fast_notebook_imports()
-    import jupytext
+    import jupytext  # heavy: only when a notebook runs
     import papermill
 
+    kernels = LiveKernels() if kernels is None else kernels
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     source = jupytext.read(notebook)
@@ -161,18 +184,16 @@ def execute_notebook(notebook: Path, parameters: dict[str, Any], output_dir: str
     jupytext.write(source, staged, fmt="ipynb")
     log = out / KERNEL_LOG
     log.unlink(missing_ok=True)
-    started: list = []
     try:
         papermill.execute_notebook(
             str(staged), str(out / f"{notebook.stem}.ipynb"),
             parameters={**parameters, "output_dir": str(out)},
             kernel_name="python3", cwd=str(ROOT), progress_bar=False,
             execution_timeout=timeout_s, log_output=False,
-            kernel_manager_class=_kernel_manager_class(log, started),
+            kernel_manager_class=_kernel_manager_class(log, kernels),
         )
     finally:
-        for process in started:
-            _reap(process)
+        kernels.kill_all()
         staged.unlink(missing_ok=True)
     if not (out / HEADLINE).is_file():
         raise ServecastError(f"{notebook.name} finished without writing {HEADLINE}")

@@ -1,7 +1,8 @@
 """Engine step latency of one replica for a batch composition.
 
-    step = sum over layers of kernel times (C's roofline functions, on one GPU's shard)
-         + collectives the plan adds (model.perf.parallel) + a fixed per-step engine overhead
+    step = (sum over layers of kernel times (model.perf.roofline, on one GPU's shard)) x the
+           engine's phase scale + collectives the plan adds (model.perf.parallel, timed by
+           model.perf.comm) + a fixed per-step engine overhead (model.perf.engine_factors)
 
 Conventions of `step_time_s(prefill_tokens, prefill_context, decode_seqs, decode_context)`:
 - counts are replica totals, spread evenly over the `dp` attention ranks (and prefill tokens over
@@ -15,13 +16,22 @@ All arguments broadcast with numpy; the result is an array of seconds.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import cache, lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
-from model.perf.ops import Step, grouped_layers, model_ops
+from model.perf import roofline
+from model.perf.comm import collective_time_s
+from model.perf.engine_factors import EngineFactors, engine_factors
+from model.perf.ops import (
+    Step,
+    attended_entries,
+    entry_elements,
+    grouped_layers,
+    indexer_units,
+    model_ops,
+)
 from model.perf.parallel import (
     ParallelPlan,
     decode_attention_split,
@@ -35,97 +45,19 @@ from model.perf.parallel import (
 )
 from model.specs.defaults import GPU_MEMORY_UTILIZATION
 from model.specs.dtypes import dtype as lookup_dtype
-from model.specs.errors import Infeasible, ServecastError
+from model.specs.errors import Infeasible
 from model.specs.layers import Architecture, Layer
-from model.specs.precision import with_precision  # noqa: F401 - re-export
+from model.specs.precision import with_precision
 
-BACKENDS = ("vllm", "sglang", "trtllm")
 ACTIVATION_RESERVE_BYTES = 4e9  # CUDA graphs, activations, workspace at 8K batched tokens (vLLM)
 EAGLE_DRAFT_VOCAB = 32000  # EAGLE-3 drafts predict over a reduced vocabulary (SpecForge default)
 
 
-# ---- kernel and collective time functions (engineer C), with physics fallbacks ---------------------
-def _kernels():
-    from model.perf import roofline
-
-    return roofline
-
-
-def collective_time_s(op: str, bytes_, gpus: int, hw, scope: str, algorithm: str | None = None):
-    """C's calibrated collective model when it exists; alpha-beta ring otherwise (theory §4.1)."""
-    try:
-        from model.perf.comm import collective_time_s as comm_time
-    except ImportError:
-        comm_time = None
-    if comm_time is not None:
-        return comm_time(op, bytes_, gpus, hw, scope, algorithm)
-    bytes_ = np.asarray(bytes_, float)
-    if gpus <= 1:
-        return 0.0 * bytes_
-    bw = (hw.scale_up_bandwidth_bytes_per_s if scope == "scale_up"
-          else hw.scale_out_bandwidth_bytes_per_s)
-    alpha = 5e-6 if scope == "scale_up" else 15e-6
-    factor = {"all_reduce": 2 * (gpus - 1) / gpus, "all_gather": (gpus - 1) / gpus,
-              "reduce_scatter": (gpus - 1) / gpus, "all_to_all": (gpus - 1) / gpus,
-              "p2p": 1.0}[op]
-    steps = {"all_reduce": 2 * (gpus - 1), "p2p": 1}.get(op, gpus - 1)
-    return alpha * min(steps, 2 * np.log2(gpus) + 1) + factor * bytes_ / (0.7 * bw)
-
-
-# ---- engine factors ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EngineFactors:
-    """Named empirical factors of an inference engine (fitted by model.fit.engine on the
-    end-to-end calibration runs; what each one absorbs is documented there)."""
-
-    step_overhead_s: float = 0.004  # scheduler + sampling + launch per engine step
-    prefill_scale: float = 1.0  # multiplies the non-expert kernel time of prefill steps
-    decode_scale: float = 1.0  # multiplies the non-expert kernel time of decode steps
-    moe_scale: float = 1.0  # routed-expert kernel time of decode tokens (routing, permute)
-    moe_prefill_scale: float = 1.0  # the same for prefill tokens (expert load imbalance)
-    request_overhead_s: float = 0.0  # fixed per-request time before the first token
-    first_token_steps: float = 0.0  # residual first-token path, in decode steps (engines send
-    # the first token at once; what the fit puts here is streaming/detokenize lag left over)
-    disagg_prefill_scale: float = 1.0  # prefill_scale of disaggregated prefill workers
-    disagg_decode_scale: float = 1.0  # decode step of disaggregated decode workers
-    disagg_request_overhead_s: float = 0.0  # request path router -> prefill -> decode worker
-    source: str = "default (unfitted)"
-
-
-_OVERRIDE: list[dict] = []  # stack of {backend: EngineFactors} used while fitting
-
-
-@contextmanager
-def override_factors(by_backend: dict):
-    """Use these engine factors (backend -> EngineFactors) inside the block (fitting, folds)."""
-    _OVERRIDE.append(by_backend)
-    try:
-        yield
-    finally:
-        _OVERRIDE.pop()
-
-
-def engine_factors(backend: str, system: str | None = None) -> EngineFactors:
-    if _OVERRIDE and backend in _OVERRIDE[-1]:
-        return _OVERRIDE[-1][backend]
-    return _stored_factors(backend, system)
-
-
-@cache
-def _stored_factors(backend: str, system: str | None = None) -> EngineFactors:
-    from model.fit.engine import load_factors
-
-    if backend not in BACKENDS:
-        raise ServecastError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    return load_factors(backend, system)
-
-
-# ---- precision: model.specs.precision (re-exported: callers import it from here) ----------------------
-
-
 # ---- the step model ------------------------------------------------------------------------------
-@dataclass(eq=False)  # compared and hashed by identity: tables are kept per step model
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: tables are kept per model
 class StepModel:
+    """Step latency of one replica: `arch` under `plan` on `hw`, with the engine `factors`."""
+
     arch: Architecture
     hw: object
     plan: ParallelPlan
@@ -137,20 +69,24 @@ class StepModel:
     acceptance_length: float = 0.0  # measured mean tokens per verification step (1 + accepted)
     spec_method: str = "mtp"  # mtp (checkpoint's MTP layer) | eagle3 | dspark (external draft)
 
-    def __post_init__(self):
-        self._groups = grouped_layers(self.arch.main_layers)
-        self._mtp_groups = grouped_layers(self.arch.mtp_layers)
+    @cached_property
+    def _groups(self) -> list:
+        """(layer, count) groups of identical main layers."""
+        return grouped_layers(self.arch.main_layers)
+
+    @cached_property
+    def weight_bytes_per_gpu(self) -> float:
+        """Weights one GPU holds: the sharded model, with the MTP layer or an external draft
+        model's layer and head when speculative decoding uses them."""
         mtp = self.spec_tokens > 0 and self.spec_method == "mtp" and bool(self.arch.mtp_layers)
-        self.weight_bytes_per_gpu = weight_bytes_per_gpu(self.arch, self.plan, with_mtp=mtp)
+        total = weight_bytes_per_gpu(self.arch, self.plan, with_mtp=mtp)
         if self.spec_tokens > 0 and not mtp:  # an external draft model's layer and head
             layer, rows = self.draft_layer
-            self.weight_bytes_per_gpu += sum(
-                lin.params * lookup_dtype(lin.dtype).bytes / linear_shard(lin, self.plan)
-                for lin in layer.attention.projections + layer.mlp.projections)
-            self.weight_bytes_per_gpu += (rows * self.arch.lm_head.in_features
-                                          * lookup_dtype(self.arch.lm_head.dtype).bytes
-                                          / self.plan.tp)
-        self._kv_b = lookup_dtype(self.kv_dtype).bytes
+            total += sum(lin.params * lookup_dtype(lin.dtype).bytes / linear_shard(lin, self.plan)
+                         for lin in layer.attention.projections + layer.mlp.projections)
+            total += (rows * self.arch.lm_head.in_features
+                      * lookup_dtype(self.arch.lm_head.dtype).bytes / self.plan.tp)
+        return total
 
     @property
     def gpus(self) -> int:
@@ -171,7 +107,6 @@ class StepModel:
         `dec` decoding sequences pushing `q` tokens each at `dctx` spread over all dp ranks
         (replica totals). The expert group sees every rank's tokens; lock-stepped ranks wait for
         the busiest, so that rank's attention, dense GEMMs and sends set the step."""
-        k = _kernels()
         p, hw, arch = self.plan, self.hw, self.arch
         pranks = p.dp if pranks is None else pranks
         dec_tok = dec * q
@@ -185,28 +120,31 @@ class StepModel:
         out = []
         att = layer.attention
         lins = att.projections + layer.mlp.projections
-        times = k.gemm_times_s(tok_r, [(lin.out_features * lin.count / linear_shard(lin, p),
-                                        lin.in_features, lin.dtype) for lin in lins], hw)
+        shapes = [(lin.out_features * lin.count / linear_shard(lin, p), lin.in_features, lin.dtype)
+                  for lin in lins]
+        times = roofline.gemm_times_s(tok_r, shapes, hw)
         times = np.where(tok_r > 0, times, 0.0)
         out += [(f"{tag}:{lin.name}", "gemm", count, t) for lin, t in zip(lins, times, strict=True)]
         heads_split, ctx_split = decode_attention_split(att, p)
         if np.any(has_pre):
-            t = k.attention_time_s(att.kind, "prefill", pseqs_r, new_per_seq,
-                                   np.maximum(pctx, new_per_seq), att, self.kv_dtype, hw, p.tp)
+            t = roofline.attention_time_s(att.kind, "prefill", pseqs_r, new_per_seq,
+                                          np.maximum(pctx, new_per_seq), att, self.kv_dtype, hw,
+                                          p.tp)
             out.append((f"{tag}:attn_prefill", "attention", count, np.where(has_pre, t, 0.0)))
         if np.any(has_dec):
-            t = k.attention_time_s(att.kind, "decode", dec_r, q, np.maximum(dctx, 1.0) / ctx_split,
-                                   att, self.kv_dtype, hw, heads_split)
+            t = roofline.attention_time_s(att.kind, "decode", dec_r, q,
+                                          np.maximum(dctx, 1.0) / ctx_split, att, self.kv_dtype,
+                                          hw, heads_split)
             out.append((f"{tag}:attn_decode", "attention", count, np.where(has_dec, t, 0.0)))
         ex = layer.mlp.experts
         if ex is not None:
             tokens_group = (pre + dec_tok) if p.dp > 1 or p.ep > 1 else tok_r
-            t = k.moe_time_s(tokens_group, ex.hidden_size, ex.intermediate_size, ex.top_k,
-                             ex.num_experts / p.ep, p.moe_tp, p.ep, ex.dtype, hw)
+            t = roofline.moe_time_s(tokens_group, ex.hidden_size, ex.intermediate_size,
+                                    ex.top_k, ex.num_experts / p.ep, p.moe_tp, p.ep, ex.dtype, hw)
             out.append((f"{tag}:experts", "moe", count, np.where(tokens_group > 0, t, 0.0)))
         width = arch.hidden_size * arch.hyper_connections
         norm_bytes = 2 * 2 * 2.0 * tok_r * width / (p.tp if p.sp else 1)
-        out.append((f"{tag}:norms", "memory", count, k.memory_time_s(norm_bytes, hw)))
+        out.append((f"{tag}:norms", "memory", count, roofline.memory_time_s(norm_bytes, hw)))
         for c in layer_collectives(layer, count, p, hw, arch.hidden_size, pre, dec_tok,
                                    prefill_ranks=pranks, prefill_context=pctx,
                                    prefill_seqs=pseqs):
@@ -218,7 +156,6 @@ class StepModel:
 
     def _op_times(self, pre, pctx, dec, dctx, pseqs, pranks=None):
         """List of (name, kind, count, seconds-array) for the busiest GPU over all layers."""
-        k = _kernels()
         p, hw, arch = self.plan, self.hw, self.arch
         pranks = p.dp if pranks is None else pranks
         q = 1.0 + self.spec_tokens  # tokens each decode sequence pushes through the model
@@ -231,10 +168,10 @@ class StepModel:
         has_pre = pre_r > 0
         pseqs_r = np.maximum(pseqs / pranks, np.where(has_pre, 1.0, 0.0))
         logits_r = dec_r + pseqs_r * has_pre
-        t = k.gemm_time_s(logits_r * q, arch.lm_head.out_features / p.tp,
-                          arch.lm_head.in_features, arch.lm_head.dtype, hw)
+        t = roofline.gemm_time_s(logits_r * q, arch.lm_head.out_features / p.tp,
+                                 arch.lm_head.in_features, arch.lm_head.dtype, hw)
         out.append(("lm_head", "gemm", 1, t))
-        emb = k.memory_time_s((pre_r + dec * q / p.dp) * arch.hidden_size * 2 * 2.0, hw)
+        emb = roofline.memory_time_s((pre_r + dec * q / p.dp) * arch.hidden_size * 2 * 2.0, hw)
         out.append(("embedding", "memory", 1, emb))
         if self.spec_tokens:
             out += self._draft_times(dec, dctx)
@@ -248,14 +185,13 @@ class StepModel:
         the checkpoint's MTP layer (method mtp), else an EAGLE-3-style draft (one decoder layer
         shaped like the target's first layer, routed experts excluded, and a reduced-vocabulary
         head; EAGLE-3 paper, Li et al. 2025; SpecForge default draft_vocab_size 32000)."""
-        k = _kernels()
         p, arch = self.plan, self.arch
         layer, head_rows = self.draft_layer
         out = [(f"draft:{n.split(':', 1)[1]}", kind, c * self.spec_tokens, t)
                for n, kind, c, t in self._layer_times(layer, 1, "draft", 0.0 * dec, 0.0 * dec,
                                                       dec, 1.0, dctx, 0.0 * dec)]
-        t = k.gemm_time_s(dec / p.dp, head_rows / p.tp, arch.lm_head.in_features,
-                          arch.lm_head.dtype, self.hw)
+        t = roofline.gemm_time_s(dec / p.dp, head_rows / p.tp, arch.lm_head.in_features,
+                                 arch.lm_head.dtype, self.hw)
         out.append(("draft:lm_head", "gemm", self.spec_tokens, np.where(dec > 0, t, 0.0)))
         return out
 
@@ -348,7 +284,7 @@ class StepModel:
                  decode_context=0.0, prefill_seqs=1.0):
         """One row per op on one GPU: FLOPs, HBM bytes (model.perf.ops counts, sharded by the plan),
         modeled time and attained FLOP/s: the points of a roofline chart."""
-        import pandas as pd
+        import pandas as pd  # only the roofline table needs it: the step model stays numpy-only
 
         p = self.plan
         pre, pctx, dec, dctx, pseqs = (float(np.asarray(a).ravel()[0]) for a in self._args(
@@ -386,7 +322,7 @@ class StepModel:
     def _bound_shares(self, times, counts) -> dict:
         """Kernel time split into compute-bound and HBM-bound by each op's own roofline."""
         hw = self.hw
-        peak = _kernels().compute_rate(self.arch.weight_dtype, hw)[1]
+        peak = roofline.compute_rate(self.arch.weight_dtype, hw)[1]
         bw = hw.hbm_bandwidth_bytes_per_s
         shares = {"compute": 0.0, "hbm": 0.0}
         ridge = peak / bw
@@ -395,7 +331,8 @@ class StepModel:
                 continue
             t = float(np.asarray(t)) * c
             intensity = counts["op_intensity"].get(name)
-            if kind in ("memory",) or (intensity is not None and intensity < ridge) or kind == "attention" and "decode" in name:
+            below_ridge = intensity is not None and intensity < ridge
+            if kind == "memory" or below_ridge or (kind == "attention" and "decode" in name):
                 shares["hbm"] += t
             else:
                 shares["compute"] += t
@@ -430,7 +367,6 @@ class StepModel:
     # -- memory ---------------------------------------------------------------------------------
     def kv_bytes_per_seq_per_gpu(self, context) -> np.ndarray:
         """KV one sequence stores on each GPU that holds it, at `context` tokens."""
-        from model.perf.ops import attended_entries, entry_elements, indexer_units
 
         ctx = np.asarray(context, float)
         total = 0.0 * ctx
@@ -443,7 +379,7 @@ class StepModel:
                     attended_entries(att, ctx) if att.kind == "swa" else \
                     ctx / float(att.compress_ratio or 1) + (np.minimum(ctx, att.window)
                                                              if att.window else 0.0)
-                per = entries * entry_elements(att) * self._kv_b
+                per = entries * entry_elements(att) * lookup_dtype(self.kv_dtype).bytes
                 if att.indexer is not None:
                     per = per + indexer_units(att, ctx) * att.indexer.head_dim * \
                         lookup_dtype(att.indexer.cache_dtype).bytes
@@ -474,36 +410,30 @@ class StepModel:
                 + per_rank * self.kv_bytes_per_seq_per_gpu(context))
 
 
-def build_step_model(*args, **kwargs) -> StepModel:
-    """Validate the plan and build the step model (memoized: same inputs, same object)."""
-    key = (args, tuple(sorted(kwargs.items())), _OVERRIDE[-1].get(kwargs.get("backend", "vllm"))
-           if _OVERRIDE else None)
-    try:
-        return _build_cached(key)
-    except TypeError:  # unhashable test double
-        return _build(*args, **kwargs)
-
-
-@lru_cache(maxsize=256)
-def _build_cached(key) -> StepModel:
-    args, kwargs, _ = key
-    return _build(*args, **dict(kwargs))
-
-
-def _build(arch: Architecture, hw, plan: ParallelPlan, precision: str | None = None,
+def build_step_model(arch: Architecture, hw, plan: ParallelPlan, precision: str | None = None,
                      kv_dtype: str | None = None, backend: str = "vllm", spec_tokens: int = 0,
                      spec_acceptance: float = 0.0, factors: EngineFactors | None = None,
                      check_fit: bool = True, moe_precision: str | None = None,
                      cross_domain_tp: bool = False, acceptance_length: float = 0.0,
                      spec_method: str = "mtp") -> StepModel:
-    """Raises Infeasible if the plan breaks a rule or the weights do not fit."""
+    """Validate the plan and build the step model; raises Infeasible if the plan breaks a rule
+    or the weights leave no KV cache. `factors`: the engine factors (default: the backend's
+    stored ones, `model.perf.engine_factors`). Memoized: the same inputs give the same object."""
+    return _build(arch, hw, plan, precision, kv_dtype, backend, spec_tokens, spec_acceptance,
+                  factors or engine_factors(backend), check_fit, moe_precision, cross_domain_tp,
+                  acceptance_length, spec_method)
+
+
+@lru_cache(maxsize=256)
+def _build(arch: Architecture, hw, plan: ParallelPlan, precision: str | None,
+           kv_dtype: str | None, backend: str, spec_tokens: int, spec_acceptance: float,
+           factors: EngineFactors, check_fit: bool, moe_precision: str | None,
+           cross_domain_tp: bool, acceptance_length: float, spec_method: str) -> StepModel:
     arch = with_precision(arch, precision, moe_precision)
     plan = normalize_plan(arch, plan)
     validate_plan(arch, hw, plan, cross_domain_tp)
-    system = getattr(hw, "name", None)
-    model = StepModel(arch, hw, plan, kv_dtype or arch.default_kv_dtype, backend,
-                      factors or engine_factors(backend, system), spec_tokens, spec_acceptance,
-                      acceptance_length, spec_method)
+    model = StepModel(arch, hw, plan, kv_dtype or arch.default_kv_dtype, backend, factors,
+                      spec_tokens, spec_acceptance, acceptance_length, spec_method)
     if check_fit and model.kv_pool_bytes_per_gpu <= 0:
         raise Infeasible(f"{arch.name} weights need {model.weight_bytes_per_gpu / 1e9:.1f} GB per "
                          f"GPU under {plan.label()}: with activations that leaves no KV cache in "

@@ -39,7 +39,7 @@ prefill: (kernels + moe_prefill_scale * routed experts) * prefill_scale + networ
   along) and each running sequence's prefill interrupts the decode once per OSL tokens; on a
   dedicated prefill pool (disaggregated) it waits in an M/D/1 queue at the pool's load.
 Every request pays a fixed `request_overhead_s` before its first token. Admission settings of
-the engine (`EngineConfig`, read by provenance in `model.validate.check`) add their waits, derived from
+the engine (`EngineConfig`, read by provenance in `model.fit.cases`) add their waits, derived from
 the run's own rates and step times, not fitted: SGLang's `--scheduler-recv-interval N` ((N-1)/2
 decode iterations), TensorRT-LLM's attention-DP balancing (staggered context requests wait
 until every DP rank has one, at most `timeout_iters` iterations) and batch waiting (a prompt
@@ -62,7 +62,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.perf.step import EngineFactors
 from model.serve.queueing import md1_wait_s
 
 # Scheduler of each engine's default configuration (see module docstring)
@@ -95,9 +94,9 @@ class Protocol:
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine settings of a run that change when a request is admitted (defaults: each engine's
-    out-of-the-box behaviour; `model.validate.check` reads the recipes' settings by provenance).
+    out-of-the-box behaviour; `model.fit.cases` reads the recipes' settings by provenance).
 
-    recv_interval: the scheduler takes new requests from the API server once every N decode
+    recv_interval_iters: the scheduler takes new requests from the API server once every N decode
     iterations (SGLang `--scheduler-recv-interval N`; a prefill iteration triggers the next
     receive), so an arriving request waits (N - 1) / 2 iterations on average.
     adp_timeout_iters: TensorRT-LLM attention-DP balancing (`attention_dp_config:
@@ -111,20 +110,11 @@ class EngineConfig:
     request waits).
     max_num_batched_tokens: the prefill token budget of one step (None: the caller's default)."""
 
-    recv_interval: float = 1.0
+    recv_interval_iters: float = 1.0
     adp_timeout_iters: float = 0.0
     batch_wait_timeout_iters: float = 0.0
     batch_wait_tokens: float = 0.0
     max_num_batched_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class LoopFactors(EngineFactors):
-    """A backend's engine factors plus the benchmark-protocol ones the closed loop needs
-    (fitted by model.fit.engine, shared by all backends)."""
-
-    benchmark_rounds: float = 10.0
-    varied_wave_persistence: float = 0.0
 
 
 def steady_sync(prefill_first, fixed_lengths, disagg, varied_persistence=0.0):
@@ -144,45 +134,41 @@ def arrival_sync(rounds, prefill_first, fixed_lengths, disagg, varied_persistenc
                                                varied_persistence)
 
 
-def md1_wait(load, service_s, servers=1.0):
-    """Mean M/D/1 queueing delay rho S / (2 (1 - rho)) of a server with utilization rho =
-    load / servers (capped below 1; the closed-loop throughput bound takes over beyond)."""
-    return md1_wait_s(np.asarray(load, float) / np.maximum(servers, 1.0), service_s,
-                      MAX_PREFILL_LOAD)
-
-
-def adp_balance_wait(dp, rate, t_iter, timeout_iters):
+def adp_balance_wait_s(dp, rate_rps, iteration_s, timeout_iters):
     """Mean wait of a context request under attention-DP balancing: with staggered arrivals at
-    `rate` requests/s spread over `dp` ranks, a group is released once all ranks hold one
+    `rate_rps` requests/s spread over `dp` ranks, a group is released once all ranks hold one
     ((dp - 1) / (2 rate) on average over the group's requests) or at the timeout (an arrival
     lands uniformly in a window of `timeout_iters` iterations: half of it on average)."""
     dp = np.asarray(dp, float)
-    fill = (dp - 1.0) / (2.0 * np.maximum(np.asarray(rate, float), 1e-9))
-    return np.where(dp > 1, np.minimum(fill, 0.5 * timeout_iters * np.asarray(t_iter, float)),
+    fill = (dp - 1.0) / (2.0 * np.maximum(np.asarray(rate_rps, float), 1e-9))
+    return np.where(dp > 1, np.minimum(fill, 0.5 * timeout_iters * np.asarray(iteration_s, float)),
                     0.0)
 
 
-def batch_wait(tokens_needed, new_tokens, rate, t_iter, timeout_iters):
+def batch_wait_s(tokens_needed, new_tokens, rate_rps, iteration_s, timeout_iters):
     """Mean wait of a context request under batch waiting: the first request of a group waits
     L = min(time until the missing prompts arrive, timeout), the X L others that join it less
-    (uniformly): L (n + 1) / (2 n) with n = 1 + X L."""
-    rate = np.maximum(np.asarray(rate, float), 1e-9)
+    (uniformly): L (n + 1) / (2 n) with n = 1 + X L (X: the arrival rate)."""
+    rate = np.maximum(np.asarray(rate_rps, float), 1e-9)
     prompts = np.ceil(np.maximum(np.asarray(tokens_needed, float), 0.0)
                       / np.maximum(np.asarray(new_tokens, float), 1.0))
-    first = np.minimum(prompts / rate, np.asarray(timeout_iters, float) * np.asarray(t_iter, float))
+    timeout_s = np.asarray(timeout_iters, float) * np.asarray(iteration_s, float)
+    first = np.minimum(prompts / rate, timeout_s)
     n = 1.0 + rate * first
     return np.where(np.asarray(timeout_iters, float) > 0, first * (n + 1.0) / (2.0 * n), 0.0)
 
 
-def step_times(c: Mapping, f: Mapping):
-    """(decode step, wave prefill step, single-prompt prefill step) seconds with engine factors."""
+def step_times_s(c: Mapping, f: Mapping):
+    """(decode step, wave prefill step, single-prompt prefill step) seconds of runs `c` under
+    engine factors `f`: (kernels + scaled routed experts) x phase scale + network + overhead."""
     ov = f["step_overhead_s"]
-    t_dec = (c["k_dec"] + f["moe_scale"] * c["m_dec"]) * f["decode_scale"] + c["n_dec"] + ov
+    t_dec = ((c["decode_kernel_s"] + f["moe_scale"] * c["decode_expert_s"]) * f["decode_scale"]
+             + c["decode_network_s"] + ov)
     t_dec = t_dec * (1.0 + c["disagg"] * (f["disagg_decode_scale"] - 1.0))
     pre = f["prefill_scale"] + c["disagg"] * (f["disagg_prefill_scale"] - f["prefill_scale"])
     mp = f["moe_prefill_scale"]
-    t_wave = (c["k_wave"] + mp * c["m_wave"]) * pre + c["n_wave"] + ov
-    t_one = (c["k_one"] + mp * c["m_one"]) * pre + c["n_one"] + ov
+    t_wave = (c["wave_kernel_s"] + mp * c["wave_expert_s"]) * pre + c["wave_network_s"] + ov
+    t_one = (c["one_kernel_s"] + mp * c["one_expert_s"]) * pre + c["one_network_s"] + ov
     return t_dec, t_wave, t_one
 
 
@@ -192,88 +178,102 @@ def rounds_of(c: Mapping, f: Mapping):
     return np.where(np.isnan(r), f["benchmark_rounds"], r)
 
 
+def _admission_waits_s(c: Mapping, t_dec, rate_rps) -> dict:
+    """The engine's admission waits of a staggered context request at the first-pass request
+    rate (`EngineConfig`): attention-DP balancing, batch waiting (the step's own prompt and the
+    decode tokens already count toward the batch) and the scheduler's receive interval."""
+    adp = c.get("adp_timeout_iters", 0.0)
+    balance = np.where(np.asarray(adp) > 0,
+                       adp_balance_wait_s(c.get("dp", 1.0), rate_rps, t_dec, adp), 0.0)
+    waited = batch_wait_s(c.get("batch_wait_tokens", 0.0) - c.get("new_tokens", 0.0)
+                          - c["running_seqs"] / np.maximum(c.get("dp", 1.0), 1.0),
+                          c.get("new_tokens", 1.0), rate_rps, t_dec,
+                          c.get("batch_wait_iters", 0.0))
+    recv = np.asarray(c.get("recv_interval_iters", 1.0), float)
+    admission = 0.5 * np.maximum(recv - 1.0, 0.0) * t_dec
+    return {"adp_balance_s": balance, "batch_wait_s": waited, "admission_s": admission}
+
+
 def loop_terms(c: Mapping, f: Mapping, sync=None) -> dict:
     """Every term of the closed loop for runs `c` (components, scalars or arrays) under engine
     factors `f` (factor name -> scalar or per-run array): the step times, the synchronized and
     staggered TTFT/TPOT, the share `sync` (derived unless given: 1 synchronized, 0 staggered),
-    the prefill-pool queue, the first-token lag and the closed-loop results."""
-    t_dec, t_wave, t_one = step_times(c, f)
+    the prefill-pool queue, the admission waits, the first-token lag and the closed-loop
+    results (`ttft_s`, `tpot_s`, `rate_rps`)."""
+    t_dec, t_wave, t_one = step_times_s(c, f)
     ov = f["step_overhead_s"]
     dis = c["disagg"]
     agg = 1.0 - dis
     first = c["prefill_first"]
+    osl = c["osl_tokens"]
+    t_kv = c["kv_transfer_s"]
     if sync is None:
         sync = arrival_sync(rounds_of(c, f), first, c["fixed_lengths"], dis,
                             f["varied_wave_persistence"])
     request = f["request_overhead_s"] + dis * (f["disagg_request_overhead_s"]
                                                - f["request_overhead_s"])
-    osl1 = np.maximum(c["osl"] - 1.0, 1.0)
-    ttft_sync = c["wave_steps_mean"] * t_wave + c["t_kv"]
+    osl1 = np.maximum(osl - 1.0, 1.0)
+    ttft_sync = c["wave_steps_mean"] * t_wave + t_kv
     tpot_sync = t_dec + agg * 0.5 * np.maximum(c["wave_steps"] - 1.0, 0.0) * t_wave / osl1
     prefill_alone = c["chunks"] * t_one
     # mixed: the running decodes ride along in the chunk's step (and share its overhead);
     # prefill-first: the prefill step runs alone and stalls them
     riding = agg * (1.0 - first) * (t_dec - ov)
-    ttft_spread = c["chunks"] * (t_one + riding) + c["t_kv"]
+    ttft_spread = c["chunks"] * (t_one + riding) + t_kv
     # each rank's sequences prefill once per OSL tokens (DP ranks step together)
     stall = t_one - (1.0 - first) * ov
-    tpot_spread = t_dec + agg * c["per_rank"] * c["chunks"] * stall / osl1
-    tpot = (sync * tpot_sync + (1 - sync) * tpot_spread) / c["spec"]
+    tpot_spread = t_dec + agg * c["seqs_per_server"] * c["chunks"] * stall / osl1
+    tpot = (sync * tpot_sync + (1 - sync) * tpot_spread) / c["tokens_per_step"]
     # a dedicated prefill pool: a busy server packs waiting prompts into wave steps, so it
     # completes at most servers * wave_prompts / t_wave prompts/s; staggered arrivals queue at
     # its load (M/D/1, one fixed-point step)
     capacity = np.where(dis > 0, c["prefill_servers"] * c["wave_prompts"] / t_wave, np.inf)
-    x0 = c["running"] / (ttft_spread + request + (c["osl"] - 1.0) * tpot)
-    queue = dis * md1_wait(x0 / capacity, prefill_alone, 1.0)
-    # attention-DP balancing holds staggered context requests (a synchronized wave fills every
-    # rank at once)
-    adp = c.get("adp_timeout_iters", 0.0)
-    balance = np.where(np.asarray(adp) > 0, adp_balance_wait(c.get("dp", 1.0), x0, t_dec, adp),
-                       0.0)
-    # TensorRT-LLM batch waiting: a prompt waits for more prompts (the step's own prompt and the
-    # decode tokens already count)
-    waited = batch_wait(c.get("batch_wait_tokens", 0.0) - c.get("new_tokens", 0.0)
-                        - c["running"] / np.maximum(c.get("dp", 1.0), 1.0),
-                        c.get("new_tokens", 1.0), x0, t_dec, c.get("batch_wait_iters", 0.0))
-    # the scheduler picks new requests up once every recv_interval decode iterations
-    admission = 0.5 * np.maximum(np.asarray(c.get("recv_interval", 1.0), float) - 1.0, 0.0) * t_dec
-    prefill = sync * (ttft_sync - c["t_kv"]) + (1 - sync) * (ttft_spread - c["t_kv"])
-    ttft = prefill + c["t_kv"] + (1 - sync) * (queue + balance + waited) + request + admission
-    x = np.minimum(c["running"] / (ttft + (c["osl"] - 1.0) * tpot), capacity)
-    waiting = np.maximum(c["concurrency"] / x - (c["osl"] - 1.0) * tpot - ttft, 0.0)
+    x0 = c["running_seqs"] / (ttft_spread + request + (osl - 1.0) * tpot)
+    queue = dis * md1_wait_s(x0 / capacity, prefill_alone, MAX_PREFILL_LOAD)
+    # admission waits hold staggered context requests (a synchronized wave fills every rank
+    # at once); the receive interval delays every request
+    waits = _admission_waits_s(c, t_dec, x0)
+    prefill = sync * (ttft_sync - t_kv) + (1 - sync) * (ttft_spread - t_kv)
+    ttft = (prefill + t_kv + (1 - sync) * (queue + waits["adp_balance_s"] + waits["batch_wait_s"])
+            + request + waits["admission_s"])
+    x = np.minimum(c["running_seqs"] / (ttft + (osl - 1.0) * tpot), capacity)
+    waiting = np.maximum(c["concurrency"] / x - (osl - 1.0) * tpot - ttft, 0.0)
     # streamed responses: the first token reaches the client some decode steps late
-    lag = np.minimum(f["first_token_steps"] * t_dec, 0.5 * (c["osl"] - 1.0) * tpot)
-    return {"t_dec": t_dec, "t_wave": t_wave, "t_one": t_one, "sync": sync,
-            "prefill": prefill, "kv_transfer": c["t_kv"], "request_overhead": request,
-            "prefill_queue": (1 - sync) * queue, "adp_balance": (1 - sync) * balance,
-            "admission": admission, "batch_wait": (1 - sync) * waited,
-            "waiting": waiting, "first_token_lag": lag,
-            "prefill_interference": tpot * c["spec"] - t_dec,
-            "ttft": ttft + waiting + lag, "tpot": tpot - lag / osl1, "x": x}
+    lag = np.minimum(f["first_token_steps"] * t_dec, 0.5 * (osl - 1.0) * tpot)
+    return {"decode_step_s": t_dec, "wave_step_s": t_wave, "one_step_s": t_one, "sync": sync,
+            "prefill_s": prefill, "kv_transfer_s": t_kv, "request_overhead_s": request,
+            "prefill_queue_s": (1 - sync) * queue,
+            "adp_balance_s": (1 - sync) * waits["adp_balance_s"],
+            "admission_s": waits["admission_s"], "batch_wait_s": (1 - sync) * waits["batch_wait_s"],
+            "waiting_s": waiting, "first_token_lag_s": lag,
+            "prefill_interference_s": tpot * c["tokens_per_step"] - t_dec,
+            "ttft_s": ttft + waiting + lag, "tpot_s": tpot - lag / osl1, "rate_rps": x}
 
 
 def closed_loop(c: Mapping, f: Mapping, sync=None):
-    """TTFT, TPOT (s) and completed requests/s of runs `c` under engine factors `f` (see
+    """(TTFT s, TPOT s, completed requests/s) of runs `c` under engine factors `f` (see
     `loop_terms`)."""
     t = loop_terms(c, f, sync)
-    return t["ttft"], t["tpot"], t["x"]
+    return t["ttft_s"], t["tpot_s"], t["rate_rps"]
 
 
 def explain_terms(c: Mapping, f: Mapping) -> dict:
     """The seconds each modeled term contributes to TPOT and TTFT of one run (what
-    `model.validate.check.explain_case` reports), from `loop_terms`."""
+    `model.validate.check.explain_case` reports), from `loop_terms`: `sync`, `tpot_terms_s` and
+    `ttft_terms_s` (term name -> seconds)."""
     t = {k: float(np.asarray(v)) for k, v in loop_terms(c, f).items()}
     dis = float(c["disagg"])
     scale = (1.0 + dis * (f["disagg_decode_scale"] - 1.0)) * f["decode_scale"]
-    spec = float(c["spec"])
-    tpot = {"decode_kernels": c["k_dec"] * scale / spec,
-            "decode_experts": f["moe_scale"] * c["m_dec"] * scale / spec,
-            "network": c["n_dec"] * (1.0 + dis * (f["disagg_decode_scale"] - 1.0)) / spec,
+    spec = float(c["tokens_per_step"])
+    tpot = {"decode_kernels": c["decode_kernel_s"] * scale / spec,
+            "decode_experts": f["moe_scale"] * c["decode_expert_s"] * scale / spec,
+            "network": c["decode_network_s"] * (1.0 + dis * (f["disagg_decode_scale"] - 1.0)) / spec,
             "step_overhead": f["step_overhead_s"] / spec,
-            "prefill_interference": t["prefill_interference"] / spec}
-    ttft = {"prefill": t["prefill"], "kv_transfer": t["kv_transfer"],
-            "request_overhead": t["request_overhead"], "first_token_stream": t["first_token_lag"],
-            "queueing": t["prefill_queue"] + t["waiting"], "adp_balance": t["adp_balance"],
-            "admission": t["admission"], "batch_wait": t["batch_wait"]}
-    return {"sync": t["sync"], "tpot": {k: float(v) for k, v in tpot.items()},
-            "ttft": {k: float(v) for k, v in ttft.items()}}
+            "prefill_interference": t["prefill_interference_s"] / spec}
+    ttft = {"prefill": t["prefill_s"], "kv_transfer": t["kv_transfer_s"],
+            "request_overhead": t["request_overhead_s"],
+            "first_token_stream": t["first_token_lag_s"],
+            "queueing": t["prefill_queue_s"] + t["waiting_s"], "adp_balance": t["adp_balance_s"],
+            "admission": t["admission_s"], "batch_wait": t["batch_wait_s"]}
+    return {"sync": t["sync"], "tpot_terms_s": {k: float(v) for k, v in tpot.items()},
+            "ttft_terms_s": {k: float(v) for k, v in ttft.items()}}

@@ -7,7 +7,8 @@ network and routed-expert seconds of the three step kinds a run is made of: a wa
 a single-prompt prefill step, a decode step; how many sequences the KV pool holds; the KV
 transfer; the benchmark protocol and the engine's scheduler kind), then
 `model.serve.closed_loop.closed_loop` turns them into TTFT, TPOT and throughput with the engine
-factors (`model.fit.engine`). The fit evaluates only `closed_loop`, vectorized over all runs.
+factors (`model.perf.engine_factors`, fitted by `model.fit.engine`, which evaluates only
+`closed_loop`, vectorized over all runs).
 
 Arrivals: `arrival="benchmark"` (default) derives how synchronized the clients are from the
 protocol (rounds, fixed or drawn lengths) and the scheduler (see `model.serve.closed_loop`);
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.perf.engine_factors import load_loop_factors
 from model.perf.parallel import ParallelPlan
 from model.perf.step import StepModel, build_step_model
 from model.serve.closed_loop import SCHEDULER, EngineConfig, Protocol, closed_loop
@@ -61,7 +63,7 @@ def infer_decode_workers(d: Disagg, concurrency: int, decode_capacity_seqs: floa
     return max(1, int(np.ceil(concurrency / max(np.floor(decode_capacity_seqs), 1.0))))
 
 
-def infer_prefill_workers(d: Disagg, request_rate: float, prefill_s: float,
+def infer_prefill_workers(d: Disagg, rate_rps: float, prefill_s: float,
                           ranks: int) -> int:
     """Prefill workers of a deployment, where the record leaves them out: the fewest that keep up
     with the decode pool (a pool sized below that would make every other number of the run
@@ -70,7 +72,7 @@ def infer_prefill_workers(d: Disagg, request_rate: float, prefill_s: float,
     those of a busy server (full budget-sized steps), both at kernel level."""
     if d.prefill_workers is not None:
         return d.prefill_workers
-    return max(1, int(np.ceil(request_rate * prefill_s / max(ranks, 1))))
+    return max(1, int(np.ceil(rate_rps * prefill_s / max(ranks, 1))))
 
 
 def _check_inputs(isl, osl, concurrency, prefix_tokens):
@@ -111,7 +113,7 @@ def _protocol_parts(protocol: Protocol | None, backend: str,
     return {"rounds": float("nan") if p.rounds is None else float(p.rounds),
             "fixed_lengths": 1.0 if p.fixed_lengths else 0.0,
             "prefill_first": 1.0 if SCHEDULER.get(backend) == "prefill_first" else 0.0,
-            "recv_interval": float(e.recv_interval), "dp": float(dp), "new_tokens": float(new),
+            "recv_interval_iters": float(e.recv_interval_iters), "dp": float(dp), "new_tokens": float(new),
             "adp_timeout_iters": float(e.adp_timeout_iters) if dp > 1 else 0.0,
             "batch_wait_iters": float(e.batch_wait_timeout_iters) if dp == 1 else 0.0,
             "batch_wait_tokens": float(e.batch_wait_tokens) if dp == 1 else 0.0}
@@ -143,6 +145,20 @@ def _kv_limit(sm: StepModel, isl: int, osl: int) -> float:
 
 
 # ---- components: the physics of one run, before engine factors ------------------------------------
+def _components(steps: dict, new: float, wave_tokens: float, chunk: float, per_server: float,
+                counts: dict) -> dict:
+    """The components dict `closed_loop` reads: `steps` maps each step kind (decode, wave, one)
+    to its (kernel, network, routed-expert) seconds; a wave packs `wave_tokens` of the
+    `per_server` prompts of `new` tokens into each step, a lone prompt runs in chunks of
+    `chunk`; `counts`: the run's other quantities (sequences, servers, flags)."""
+    out = {f"{kind}_{part}_s": float(value) for kind, parts in steps.items()
+           for part, value in zip(("kernel", "network", "expert"), parts, strict=True)}
+    return {**out, "wave_steps_mean": _prefill_queue_steps(per_server, new, wave_tokens),
+            "wave_steps": float(np.ceil(per_server * new / wave_tokens)),
+            "chunks": float(np.ceil(new / chunk)), "seqs_per_server": per_server,
+            "wave_prompts": wave_tokens / new, **counts}
+
+
 def agg_components(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_tokens: int = 0,
                    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
                    protocol: Protocol | None = None, engine: EngineConfig | None = None) -> dict:
@@ -159,27 +175,25 @@ def agg_components(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_t
     # staggered: one prompt at a time (chunked), decodes riding along
     chunk = min(budget, new)
     # the three step kinds in one vectorized call: wave prefill, single prompt, decode
-    (k_wave, k_one, k_dec), (n_wave, n_one, n_dec), (m_wave, m_one, m_dec) = sm.step_parts(
+    kernel, network, expert = sm.step_parts(
         [wave_tokens * p.dp, chunk * p.dp, 0.0], [isl, isl, 0.0],
         [0.0, 0.0, running / p.pp], [0.0, 0.0, isl + osl / 2.0],
         [max(wave_tokens / new, 1.0) * p.dp, p.dp, 1.0])
-    return {"m_dec": float(m_dec), "m_wave": float(m_wave), "m_one": float(m_one),
-            "k_dec": float(k_dec), "n_dec": float(n_dec), "k_wave": float(k_wave),
-            "n_wave": float(n_wave), "wave_steps_mean": _prefill_queue_steps(per_rank, new,
-                                                                            wave_tokens),
-            "wave_steps": float(np.ceil(per_rank * new / wave_tokens)),
-            "k_one": float(k_one), "n_one": float(n_one), "chunks": float(np.ceil(new / chunk)),
-            "running": running, "concurrency": float(concurrency), "osl": float(osl),
-            "per_rank": per_rank, "t_kv": 0.0, "disagg": 0.0, "prefill_servers": float(p.dp),
-            "wave_prompts": wave_tokens / new,
-            "spec": float(sm.tokens_per_decode_step), "max_running": max_running,
-            **_protocol_parts(protocol, sm.backend, engine, p.dp, new)}
+    steps = {kind: (kernel[i], network[i], expert[i])
+             for i, kind in enumerate(("wave", "one", "decode"))}
+    return _components(steps, new, wave_tokens, chunk, per_rank, {
+        "running_seqs": running, "concurrency": float(concurrency), "osl_tokens": float(osl),
+        "kv_transfer_s": 0.0, "disagg": 0.0, "prefill_servers": float(p.dp),
+        "tokens_per_step": float(sm.tokens_per_decode_step), "max_running_seqs": max_running,
+        **_protocol_parts(protocol, sm.backend, engine, p.dp, new)})
 
 
 def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: int,
                       concurrency: int, prefix_tokens: int = 0,
                       max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
                       protocol: Protocol | None = None, engine: EngineConfig | None = None) -> dict:
+    """The same for a disaggregated run: prefill steps on a prefill worker, decode steps on a
+    decode worker, the KV transfer between them, and the worker counts (inferred where None)."""
     new = float(isl - prefix_tokens)
     cap = _kv_limit(dec, isl, osl)
     if float(pre.kv_capacity_tokens(isl)) < isl:
@@ -191,11 +205,12 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
     budget = float(max_num_batched_tokens)
     chunk = min(budget, new)
     dp = pre.plan.dp
-    k_dec, n_dec, m_dec = dec.step_parts(0, 0, per_worker / dec.plan.pp, isl + osl / 2.0)
+    decode = dec.step_parts(0, 0, per_worker / dec.plan.pp, isl + osl / 2.0)
     # a single prompt, and a full step of budget tokens (what a busy prefill server runs)
     (k_one, k_full), (n_one, n_full), (m_one, m_full) = pre.step_parts(
         [chunk * dp, budget * dp], isl, 0.0, 0.0, [dp, max(budget / new, 1.0) * dp])
-    rate = running / (max(osl - 1, 1) * float(k_dec + n_dec + m_dec) / dec.tokens_per_decode_step)
+    rate = running / (max(osl - 1, 1) * float(decode[0] + decode[1] + decode[2])
+                      / dec.tokens_per_decode_step)
     prefill_workers = infer_prefill_workers(
         d, rate, float(k_full + n_full + m_full) * new / budget, dp)
     servers = prefill_workers * dp
@@ -205,29 +220,23 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
         [wave_tokens * dp], isl, 0.0, 0.0, [max(wave_tokens / new, 1.0) * dp])
     kv_bytes = float(dec.kv_bytes_per_seq_per_gpu(isl)) * dec.plan.attention_gpus
     bw = getattr(pre.hw, "scale_out_bandwidth_bytes_per_s", 50e9) * pre.gpus
-    return {"m_dec": float(m_dec), "m_wave": float(m_wave), "m_one": float(m_one),
-            "k_dec": float(k_dec), "n_dec": float(n_dec), "k_wave": float(k_wave),
-            "n_wave": float(n_wave),
-            "wave_steps_mean": _prefill_queue_steps(per_server, new, wave_tokens),
-            "wave_steps": float(np.ceil(per_server * new / wave_tokens)),
-            "k_one": float(k_one), "n_one": float(n_one), "chunks": float(np.ceil(new / chunk)),
-            "running": float(running), "concurrency": float(concurrency), "osl": float(osl),
-            "per_rank": per_server, "t_kv": kv_bytes / bw, "disagg": 1.0,
-            "prefill_servers": float(servers), "wave_prompts": wave_tokens / new,
-            "spec": float(dec.tokens_per_decode_step),
-            "max_running": cap * decode_workers, "prefill_workers": float(prefill_workers),
-            "decode_workers": float(decode_workers),
-            # the transferred requests join the decode batch without context phase: no
-            # attention-DP balancing there, and the prefill workers have no decodes to balance
-            **_protocol_parts(protocol, dec.backend, engine and EngineConfig(
-                engine.recv_interval), 1, new)}
+    steps = {"decode": decode, "wave": (k_wave, n_wave, m_wave), "one": (k_one, n_one, m_one)}
+    return _components(steps, new, wave_tokens, chunk, per_server, {
+        "running_seqs": float(running), "concurrency": float(concurrency),
+        "osl_tokens": float(osl), "kv_transfer_s": kv_bytes / bw, "disagg": 1.0,
+        "prefill_servers": float(servers), "tokens_per_step": float(dec.tokens_per_decode_step),
+        "max_running_seqs": cap * decode_workers, "prefill_workers": float(prefill_workers),
+        "decode_workers": float(decode_workers),
+        # the transferred requests join the decode batch without context phase: no
+        # attention-DP balancing there, and the prefill workers have no decodes to balance
+        **_protocol_parts(protocol, dec.backend, engine and EngineConfig(
+            engine.recv_interval_iters), 1, new)})
 
 
 def loop_factors(sm: StepModel):
-    """Closed-loop factors of the step model's backend: the step-level ones from the step model
-    (so overrides apply), the rest from data/calibration/engine.yaml."""
-    from model.fit.engine import load_loop_factors
-
+    """Closed-loop factors of the step model's backend: the step overhead and the decode,
+    prefill and routed-expert decode scales from the factors the step model was built with
+    (`build_step_model(..., factors=...)`), the rest from data/calibration/engine.yaml."""
     f = load_loop_factors(sm.backend)
     own = sm.factors
     return {**f, "step_overhead_s": own.step_overhead_s, "prefill_scale": own.prefill_scale,
@@ -251,10 +260,10 @@ def aggregated(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_token
     comp = agg_components(sm, isl, osl, concurrency, prefix_tokens, max_num_batched_tokens,
                           protocol, engine)
     ttft, tpot, x = _run(comp, sm, arrival)
-    memory = float(sm.memory_bytes_per_gpu(comp["running"], isl + osl))
+    memory = float(sm.memory_bytes_per_gpu(comp["running_seqs"], isl + osl))
     return _result(ttft, tpot, x, isl, osl, sm.gpus, memory,
-                   {"kv_capacity_tokens": comp["max_running"] * (isl + osl),
-                    "running_seqs": comp["running"], "mode": "aggregated", "arrival": arrival,
+                   {"kv_capacity_tokens": comp["max_running_seqs"] * (isl + osl),
+                    "running_seqs": comp["running_seqs"], "mode": "aggregated", "arrival": arrival,
                     "plan": sm.plan.label(), "components": comp})
 
 
@@ -270,11 +279,11 @@ def disaggregated(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: int,
     n_pre, n_dec = int(comp["prefill_workers"]), int(comp["decode_workers"])
     gpus = pre.gpus * n_pre + dec.gpus * n_dec
     memory = max(float(pre.memory_bytes_per_gpu(1, isl)),
-                 float(dec.memory_bytes_per_gpu(comp["running"] / n_dec, isl + osl)))
+                 float(dec.memory_bytes_per_gpu(comp["running_seqs"] / n_dec, isl + osl)))
     return _result(ttft, tpot, x, isl, osl, gpus, memory,
                    {"mode": "disaggregated", "arrival": arrival,
-                    "kv_transfer_ms": comp["t_kv"] * 1e3, "prefill_plan": pre.plan.label(),
-                    "decode_plan": dec.plan.label(), "running_seqs": comp["running"],
+                    "kv_transfer_ms": comp["kv_transfer_s"] * 1e3, "prefill_plan": pre.plan.label(),
+                    "decode_plan": dec.plan.label(), "running_seqs": comp["running_seqs"],
                     "prefill_workers": n_pre, "decode_workers": n_dec,
                     "workers_inferred": d.prefill_workers is None or d.decode_workers is None,
                     "components": comp})

@@ -9,18 +9,33 @@ subset with shorter simulations.
 
 from __future__ import annotations
 
+import datetime
+import functools
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
+from scipy.stats import t as student
 
 from model import ROOT
 from model.perf.parallel import ParallelPlan
+from model.plan.planner import step_model
 from model.serve.engine import AffineStepModel, serve
 from model.serve.policy import EnginePolicy
 from model.serve.simulate import simulate
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
-from model.specs.workload import ClosedLoop, Load, OpenLoop, load_workload, workload_from_dict
+from model.specs.traces import load_trace
+from model.specs.workload import (
+    ClosedLoop,
+    Load,
+    OpenLoop,
+    RecordedWorkload,
+    load_workload,
+    workload_from_dict,
+)
 
 # reference step models (affine, so both sides see identical step times; research/theory.md
 # §1.1): a fixed-length one with prefill attention cost, and the AgentX one of the notebook
@@ -55,8 +70,6 @@ class SessionSet:
     population separates the queueing approximations from that sampling noise."""
 
     def __init__(self, profile: str, sessions: int, seed: int = 0):
-        from model.specs.workload import RecordedWorkload
-
         self.name = f"{profile}-{sessions}sessions"
         self.specs = load_workload(profile).sessions(sessions, seed)
         self.sessions = RecordedWorkload.sessions.__get__(self)
@@ -91,10 +104,6 @@ class Scenario:
             _, profile, n = self.workload.split(":")
             w = _population(profile, int(n))
         elif self.workload == "agentx-sample":
-            from model import ROOT
-            from model.specs.traces import load_trace
-            from model.specs.workload import RecordedWorkload
-
             w = RecordedWorkload(load_trace(ROOT / "data" / "traces" /
                                             "cc_traces_weka_042026_sample"), "agentx-sample")
         else:
@@ -105,7 +114,7 @@ class Scenario:
         return sm, w, EnginePolicy(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, self.threshold, self.interval)
 
 
-SCENARIOS = [
+BASE_SCENARIOS = (
     Scenario("fixed-8k1k-poisson-0.5", "fixed-8k1k", 0, OpenLoop(0.5), 3000),
     Scenario("fixed-8k1k-poisson-1.0", "fixed-8k1k", 0, OpenLoop(1.0), 2000),
     Scenario("fixed-8k1k-poisson-1.0-t512", "fixed-8k1k", 512, OpenLoop(1.0), 2000),
@@ -115,7 +124,7 @@ SCENARIOS = [
     # AgentX runs last ten sessions' lengths and more (~2,000 s each): a percentile per run is
     # set by the few heavy sessions it holds, and its mean over short runs sits far from the
     # stationary percentile the closed form gives (agentx-n48 TTFT P90: 2.96 s over 2,000 s
-    # runs, 1.78 s over 20,000 s ones, 10 seeds; 2026-12-04)
+    # runs, 1.78 s over 20,000 s ones, 10 seeds)
     Scenario("agentx-n16", "agentx", 0, ClosedLoop(16), 30000, "agentx"),
     Scenario("agentx-n16-t512", "agentx", 512, ClosedLoop(16), 30000, "agentx"),
     Scenario("agentx-n48", "agentx", 0, ClosedLoop(48), 20000, "agentx"),
@@ -125,57 +134,56 @@ SCENARIOS = [
     Scenario("agentx-sample-n16", "agentx-sample", 0, ClosedLoop(16, 10.0), 30000, "agentx"),
     Scenario("agentx-sample-n32-t512", "agentx-sample", 512, ClosedLoop(32, 10.0), 30000,
              "agentx"),
-]
+)
 # shared populations of 16 / 64 sessions; simulated time shrinks as the load grows
-SCENARIOS += [
+POPULATION_SCENARIOS = tuple(
     Scenario(f"agentx-pop{pop}-n{n}" + (f"-t{t}" if t else ""), f"population:agentx:{pop}", t,
              ClosedLoop(n), sim_s, "agentx")
     for pop, n, sim_s in ((16, 16, 48000), (16, 48, 24000), (64, 16, 24000), (64, 48, 12000))
-    for t in (0, 512)]
+    for t in (0, 512))
 # independent turns (the closed form's assumption), same run lengths
-SCENARIOS += [Scenario(s.name + "-indep", s.workload, s.threshold, s.load, s.sim_s, s.step,
-                       s.seed, False) for s in SCENARIOS if s.workload == "agentx"]
+INDEPENDENT_SCENARIOS = tuple(
+    Scenario(s.name + "-indep", s.workload, s.threshold, s.load, s.sim_s, s.step, s.seed, False)
+    for s in BASE_SCENARIOS if s.workload == "agentx")
 # the seed's threshold claim setting: DeepSeek V4 Pro DEP8 on B300 (calibrated step model, recipe
 # MTP), eight lock-stepped ranks; the trace's heavy tail of cold prefills (up to 850K tokens)
 # (one shared population of 64 sessions on both sides: AgentX sessions differ so much that two
 # draws of a few dozen disagree by ~25% on TPGS at light load). 12,000 s runs: a session lasts
 # ~3,400 s of think time on average (up to 14,000 s) and the load swings with the heavy
-# sessions in play (TTFT P50 0.36-0.65 s between 1,200 s windows of one run, 2026-12-04); five
+# sessions in play (TTFT P50 0.36-0.65 s between 1,200 s windows of one run); five
 # seeds, as one n128 run takes ~100 s
-DEP_SCENARIOS = [Scenario(f"dsv4-dep8-pop64-n{n}-t{t}-iv{iv}", "population:agentx:64", t,
-                          ClosedLoop(n), 12000, "dsv4-dep8", 3, True, iv, 5)
-                 for n in (32, 128) for t, iv in ((0, 1), (512, 1), (0, 8), (512, 8))]
-# the threshold claim's cadence at twice the load, where FCFS ranks run clustered most of the
-# time (the claim's largest gain is sought up to saturation; 2026-12-04)
-DEP_SCENARIOS += [Scenario(f"dsv4-dep8-pop64-n256-t{t}-iv8", "population:agentx:64", t,
-                           ClosedLoop(256), 12000, "dsv4-dep8", 3, True, 8, 5) for t in (0, 512)]
-# and on to the threshold engine's saturation, where prompts queue for the slots its budget
-# holds (model.serve.slot_queue; the closed form's slot wait 2.4 / 12.7 s, 2026-12-05)
-DEP_SCENARIOS += [Scenario(f"dsv4-dep8-pop64-n{n}-t512-iv8", "population:agentx:64", 512,
-                           ClosedLoop(n), 12000, "dsv4-dep8", 3, True, 8, 5) for n in (768, 1024)]
-SCENARIOS += DEP_SCENARIOS
+DEP_SCENARIOS = (
+    *(Scenario(f"dsv4-dep8-pop64-n{n}-t{t}-iv{iv}", "population:agentx:64", t, ClosedLoop(n),
+               12000, "dsv4-dep8", 3, True, iv, 5)
+      for n in (32, 128) for t, iv in ((0, 1), (512, 1), (0, 8), (512, 8))),
+    # the threshold claim's cadence at twice the load, where FCFS ranks run clustered most of
+    # the time (the claim's largest gain is sought up to saturation)
+    *(Scenario(f"dsv4-dep8-pop64-n256-t{t}-iv8", "population:agentx:64", t, ClosedLoop(256),
+               12000, "dsv4-dep8", 3, True, 8, 5) for t in (0, 512)),
+    # and on to the threshold engine's saturation, where prompts queue for the slots its budget
+    # holds (model.serve.slot_queue)
+    *(Scenario(f"dsv4-dep8-pop64-n{n}-t512-iv8", "population:agentx:64", 512, ClosedLoop(n),
+               12000, "dsv4-dep8", 3, True, 8, 5) for n in (768, 1024)),
+)
+SCENARIOS = (*BASE_SCENARIOS, *POPULATION_SCENARIOS, *INDEPENDENT_SCENARIOS, *DEP_SCENARIOS)
 BY_NAME = {s.name: s for s in SCENARIOS}
 
 
-_POPULATIONS: dict = {}
-
-
+@functools.cache
 def _population(profile: str, n: int) -> SessionSet:
-    if (profile, n) not in _POPULATIONS:
-        _POPULATIONS[profile, n] = SessionSet(profile, n)
-    return _POPULATIONS[profile, n]
+    """One shared population per (profile, sessions): every scenario that names it, on both
+    sides, sees the same sessions (and the closed form's caches see the same object)."""
+    return SessionSet(profile, n)
 
 
 def dsv4_dep8_b300():
     """DeepSeek V4 Pro, DP8 + EP8 on B300, served per its recipe (data/deployments/)."""
-    from model.plan.planner import step_model
-
     return step_model("deepseek-v4-pro", "b300", ParallelPlan(dp=8, ep=8))
 
 
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "e2e_p90",
            "tpgs")
-TOLERANCE = 0.10  # the closed form should sit within 10% of the simulated value (issue #4)
+TOLERANCE = 0.10  # the closed form should sit within 10% of the simulated value
 SIMS = ROOT / "data" / "calibration" / "serving_agreement_sims.csv"
 
 
@@ -216,8 +224,6 @@ def agreement(scenario: Scenario | str, sim_s: float | None = None) -> dict[str,
 
 
 def _simulated_row(args) -> dict:
-    import datetime
-
     name, seed = args
     return {"scenario": name, "seed": seed, **simulated(name, seed), "source": "model.serve.simulate",
             "simulated": datetime.date.today().isoformat()}
@@ -226,11 +232,6 @@ def _simulated_row(args) -> dict:
 def simulations(names=None, replications: int = REPLICATIONS, processes: int | None = None):
     """Every scenario simulated with `replications` seeds (scenario seed + 0, 1, ...), one row
     per run; runs go to `processes` worker processes (default one per CPU)."""
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
-    import pandas as pd
-
     todo = [(sc.name, sc.seed + k) for sc in SCENARIOS if not names or sc.name in names
             for k in range(min(replications, sc.replications))]
     workers = max(1, min(processes or os.cpu_count() or 1, len(todo)))
@@ -256,9 +257,6 @@ def compare(sims, names=None, cf_seeds: int = 1):
     variation between seeds, the 95% half-width of the mean (relative, Student t), the closed
     form's relative difference and its verdict; with `cf_seeds` > 1 also the closed form's own
     coefficient of variation over request-mix seeds 0.. (the verdict stays on seed 0)."""
-    import pandas as pd
-    from scipy.stats import t as student
-
     rows = []
     for sc in SCENARIOS:
         if names and sc.name not in names:
@@ -293,114 +291,31 @@ def table(names=None, replications: int = REPLICATIONS, processes: int | None = 
 
 PREFACE = (
     "Reading it: fixed-length rows test the queueing and batching formulas alone. `agentx-*` "
-    "rows draw fresh synthetic sessions on each side. A run's percentile is set by the few "
+    "rows draw fresh synthetic sessions on each side; a run's percentile is set by the few "
     "heavy-tailed sessions it holds, so these rows run ten sessions' lengths and more (12,000 "
-    "to 48,000 s since 2026-12-04): over runs of 2,000-3,000 s the mean of the runs' "
-    "percentiles sat far from the stationary percentile the closed form gives (agentx-n48 "
-    "TTFT P90 2.96 s, 1.78 s over 20,000 s runs; the closed form 1.75 s), which had read as "
-    "session correlation. `-indep` rows make the simulator draw turns independently (a "
-    "shuffled mix drawn as the closed form's). The `dsv4-dep8` rows run 12,000 s (5 seeds; "
-    "4,000 s until 2026-12-04: those runs read the FCFS TTFT P90 3-11% above the long ones, "
-    "which had the closed form agree). Since 2026-12-04 "
-    "a lane starts in a session drawn in proportion to its turns, the steady state (a "
-    "uniformly drawn first session had lanes start cold sessions at about twice the steady "
-    "rate early in a run), and the closed form floors a lock-stepped decode step at one "
-    "sequence on the replica, not one per rank (DEP8 TPOT P50 at 32 sessions: +13.4% -> "
-    "-0.9%). "
-    "Since 2026-12-04 also, on lock-stepped FCFS ranks the runs cluster (a run that starts "
-    "while another holds the slots overlaps it: the ranks on a run chunk follow a birth-death "
-    "chain, not a binomial, and slots with several pay the expert group's share of each "
-    "chunk; the mean step at 128 sessions, cadence 1, went from 88.5 to ~70 ms, simulated "
-    "~72 ms), the TPOT law's shots are those clusters, one at a time, a prompt's further "
-    "chunks hold slots as long as what the others add above its own, and the closed loop "
-    "times decodes at the step they see, not the mean step (85 against 67 ms there; TPGS "
-    "+10% -> +4.5%): DEP8 n128 cadence-1 TPOT P50 +27.6% -> -3.7%, cadence-8 TPOT P99 +24.4% "
-    "-> +11.7% and TTFT P90 / P99 +15.7 / +25.7% -> -6.7 / -3.4%. "
-    "Since 2026-12-05 the queue behind a run on its rank fills full slots (its last piece and "
-    "the prompts that reached the rank meanwhile go out a chunk a slot; run chunks per request "
-    "+0.042 at 256 DEP8 sessions, simulated +0.037), and in a closed loop the sessions decoding "
-    "when a long prompt starts arrive behind it after their decode, at the pace its chunks "
-    "leave (the idle sessions alone had the DEP8 TTFT P90 at 256 sessions -31.8%, then +6.5%). "
-    "On lock-stepped FCFS ranks a prompt's first slot follows the chain (time-weighted, the "
-    "next slot still a run unless every run in it ends and none starts, arrivals thinned over "
-    "a cluster of runs) and its own chunk hides below the slot's height: the 256-session TTFT "
-    "P50 went from -16.2% to +2.4%, the 128-session cadence-8 one from -11.9% to -1.8%. "
-    "Since 2026-12-05 too the mean TTFT and the closed loop's rate take the wait law the TTFT "
-    "percentiles take (the queue's service without the first slot's height, which the "
-    "first-step mixture carries); they had taken a second law with it, whose mean wait on "
-    "agentx-v1 at 575 DEP8 sessions read 47.7 s against the percentiles' 10.3 s (mean TTFT "
-    "49.8 s, simulated 14.5 s; TPGS -18%, now -8%). It moved the table's DEP rows by under "
-    "5 points (256 sessions: TTFT P90 +6.4% -> +11.2%, TPGS +1.1% -> +3.0%). And a prompt "
-    "queued when its predecessor's last step starts shares that step when its room holds the "
-    "prompt's last chunk: the queue spends no decode step of its own on it, the prompt no "
-    "first slot (256 sessions: TTFT P90 +11.2% -> +1.1%, mean TTFT 4.20 -> 4.02 s, simulated "
-    "4.02 s). "
-    "Since 2026-12-05 also, with a threshold on lock-stepped ranks an admitting step is "
-    "priced as the step model prices it: the busiest rank's chunks together (a 512-token "
-    "chunk alone at a light decode batch pays weight reads that several share: 51.7 ms alone, "
-    "42.0 ms each for four, at 6.5 decodes a rank) and the other ranks' tokens in the expert "
-    "group (218 ms of a 0.84 s admitting step at 575 agentx-v1 sessions), no rank above its "
-    "budget: the mean step at 256 sessions 65.0 -> 60.4 ms (simulated 58.2 ms), at 575 "
-    "agentx-v1 sessions 118.6 -> 137.4 ms (simulated 137.6 ms); and a prompt's chunks run in "
-    "admitting steps only, so its own steps see the prefill that reached its rank over the "
-    "interval before each (TTFT P50 at 256 sessions, cadence 8: -14.9% -> +4.1%; one-chunk "
-    "prompts' median 0.52 s, simulated 0.51 s). Since 2026-12-05 too, with a threshold on "
-    "one rank a decode window's count of runs is self-excited as a prompt's is (a step the "
-    "runs extend lets more arrive: in the replayed sample at 32 lanes 22% of the simulated "
-    "steps carry prefill, against 31% for a Poisson count of the same mean): its TPOT P90 / "
-    "P99 went from -14.6 / -21.3% to -8.4 / -2.1%, the 16-lane P99 from -13.4% to -0.3%; "
-    "on eight lock-stepped ranks too (a decoding window has no own chunk to mask the "
-    "others'), where the DEP8 cadence-1 TPOT P99s went from -16.5 / -16.3% (128 / 32 "
-    "sessions) to -7.1 / -9.5% and the 32-session P50 from +7.8% to -7.9%. In a closed loop "
-    "on one rank the windows that open inside a run thin with the arrivals: a run stretches "
-    "every step, and the sessions keep cycling at the pace that allows ((Z + A) / (Z + A s) "
-    "of the rate over a long run, s the stretch; simulated, 0.26 arrivals/s during runs of "
-    "50+ chunks against 0.32/s overall at 16 lanes): the 48-lane TPOT P90s went from +10-12% "
-    "to 0-7%, the 16-lane P99s from +22-25% to +15-17% (within the simulation's noise; "
-    "thinning the whole start rate, not only its excess over the mean step, reads 1-3 points "
-    "lower). And on lock-stepped FCFS ranks a decode window takes, at every level, the "
-    "larger quantile of the shot law and of J's Markov chain in slots (model.serve.lockstep."
-    "SlotChain): where runs cover most slots the shot law's clusters stack, so a window's mean "
-    "varied too much and skewed right (simulated mean step over blocks of 64 / 1,024 / 4,096 "
-    "steps at 256 sessions, cadence 8: sd 32 / 17 / 6 ms; shot law 28 / 34 / 25 ms; chain 28 "
-    "/ 11 / 6 ms), while the chain, whose runs end geometrically and draw their heights each "
-    "slot, keeps no long cold run through a window (its P99 alone -18% there, -39 / -58% at "
-    "128 / 32 sessions, cadence 1): the 256-session TPOT P50 went from -13.2% to -0.7%. "
-    "Since 2026-12-05 too the closed loop's FCFS wait drains its idle pool over a busy period "
-    "(model.serve.finite_source): the sessions idle when it opens arrive as their gaps run out, the "
-    "prompts queued behind a long cold prefill start where the pool stands, and an arrival "
-    "waits the rest of the job it meets and the prompts ahead of it (a Markov chain over job "
-    "starts). A fresh pool at every job start with the Pollaczek-Khinchine ladder on top had "
-    "counted twice the queue ahead that the runs hold (pop16-n48: 0.35 against 0.17 s), where "
-    "the TTFT law is flat at its P90 (P(TTFT <= 2 s) 0.895 against 0.905 simulated): pop16-n48 "
-    "TTFT P90 +39.6% -> +1.1%, pop64-n48 +13.0% -> -4.5%, DEP8 at 256 sessions -1.3% -> -10.9%. "
-    "And with FCFS a request's decode window sees the backlog its own sojourn left (the E2E "
-    "law splits it at TTFT quantiles 0.5 / 0.8 / 0.9 / 0.95): a request that waited long "
-    "decodes beside the prompts queued behind it, and shuffling TPOT among the simulated "
-    "requests of each output bin moves their P90 of E2EL / OSL +13% on pop16-n48; its E2E "
-    "P90 went from -13.2% to -5.9%. Since 2026-12-05 too a threshold engine's prompts wait for "
-    "one of the slots its budget holds (the budget over the mean chunk: a last partial chunk "
-    "leaves its room to the next prompt) instead of sharing the budget out with no queue "
-    "(model.serve.slot_queue: a finite-source chain on the prompts in the slots, widened by the "
-    "bursts in which heavy-tailed slot times free them); the `n768` / `n1024` DEP8 rows test it "
-    "(a closed-form slot wait of 2.4 / 12.7 s; on agentx-v1 at 1,024 sessions the mean TTFT "
-    "went from 15.9 to 38.4 s, simulated 43.4-45.5 s). "
-    "`pop16` / `pop64` and `dsv4-dep8` rows share one "
-    "population of sessions between both sides, which leaves the queueing approximations. "
-    "DEP rows: eight lock-stepped ranks and cold prefills of up to 850K tokens. What the "
-    "closed form models (model.serve.engine, model.serve.tails, model.serve.lockstep, "
-    "model.serve.finite_source): the FCFS prefill queue (Pollaczek-Khinchine for open arrivals, a "
-    "finite source in a closed loop) and, with a threshold, the wait for a slot of the budget "
-    "and the other prefills landing in a prompt's own steps (compound shot noise, self-excited on one "
-    "rank, masked by the own chunk on lock-stepped ranks); a decode window sees the prefill "
-    "runs arriving during it, the prompts queued behind its own (FCFS backlog) and the decode "
-    "batch it joins (itself plus the others decoding, 2026-12-03: TPOT P50 at light load had "
-    "been 5-10% short); E2E pairs each output length with its own requests' TTFT, and each "
-    "TTFT with the backlog its sojourn leaves; on "
-    "lock-stepped ranks the slowest rank's chunk sets each step, and with a threshold a decode "
-    "window sees what the busiest rank holds of the runs in it (2026-12-03). Until "
-    "2026-12-02 the table compared one seed per scenario (67 entries beyond 10%); it now "
-    "compares the mean of several, and tells noise from error.")
+    "to 48,000 s): over short runs the mean of the runs' percentiles sits far from the "
+    "stationary percentile the closed form gives. `-indep` rows make the simulator draw turns "
+    "independently (a shuffled mix, drawn as the closed form's). `pop16` / `pop64` and "
+    "`dsv4-dep8` rows share one population of sessions between both sides, which leaves the "
+    "queueing approximations. The `dsv4-dep8` rows (12,000 s, 5 seeds) run eight lock-stepped "
+    "ranks and cold prefills of up to 850K tokens; the `n768` / `n1024` ones drive the "
+    "threshold engine to saturation, where prompts queue for the slots its budget holds. A "
+    "simulated lane starts in a session drawn in proportion to its turns (the steady state). "
+    "What the closed form models (model.serve.engine, model.serve.tails, model.serve.lockstep, "
+    "model.serve.finite_source, model.serve.slot_queue): the FCFS prefill queue "
+    "(Pollaczek-Khinchine for open arrivals; in a closed loop a finite source whose idle pool "
+    "drains over a busy period) and, with a threshold, the wait for one of the slots its "
+    "budget holds and the other prefills landing in a prompt's own steps (compound shot noise, "
+    "self-excited on one rank, masked by the own chunk on lock-stepped ranks); a decode window "
+    "sees the prefill runs arriving during it (thinned in a closed loop on one rank, where "
+    "runs stretch the steps), the prompts queued behind its own (FCFS backlog) and the decode "
+    "batch it joins. On lock-stepped ranks the slowest rank's chunk sets each step, runs "
+    "cluster (a birth-death chain over the ranks on a run chunk), a decode window takes the "
+    "larger quantile of the shot law and of the slot chain, and with a threshold an admitting "
+    "step is priced as the step model prices it (the busiest rank's chunks together, the other "
+    "ranks' tokens in the expert group). E2E pairs each output length with its own requests' "
+    "TTFT, and each TTFT with the backlog its sojourn leaves. The table compares the mean of "
+    "several seeds and tells noise from error.")
 
 CF_SEEDS = 5  # request-mix seeds of the closed form's own spread in the report
 
@@ -414,21 +329,18 @@ _REASONS = (
      "the wait for a prefill slot (model.serve.slot_queue) is a birth-death chain widened as a "
      "diffusion by the bursts of heavy-tailed slot departures. Slots held by long cold prompts "
      "come and go slowly, so the simulated waits come in episodes: fewer prompts wait than "
-     "the widened chain says, and those that do wait longer (pop64 at 768 sessions, seed 3, "
-     "2026-12-05: 28% of the prompts wait over 1 s for a slot against 43% in the closed form, "
-     "P99 24.6 against 20.0 s). The widening fits the waits from 700 agentx-v1 sessions to "
-     "saturation (P(wait) 0.49 / 0.66 / 0.77 against 0.46 / 0.70 / 0.85 simulated at 700 / "
-     "800 / 900, simulated waits counting the first admitting step's); without it the chain's "
-     "wait P90s read 26-66% short (1,024 / 700 sessions); a mixture over the slots long "
+     "the widened chain says, and those that do wait longer (pop64 at 768 sessions, seed 3: "
+     "28% of the prompts wait over 1 s for a slot against 43% in the closed form, P99 24.6 "
+     "against 20.0 s). The widening fits the waits from 700 agentx-v1 sessions to saturation "
+     "(P(wait) 0.49 / 0.66 / 0.77 against 0.46 / 0.70 / 0.85 simulated at 700 / 800 / 900, "
+     "simulated waits counting the first admitting step's); a mixture over the slots long "
      "prompts hold is not built"),
     ("dsv4-dep8", "ttft",
      "lock-stepped ranks at cadence 8: a prompt's chunks run in admitting steps only, each "
-     "holding the prefill of the interval's arrivals (since 2026-12-05; spreading the others' "
-     "extension evenly over the prompt's span had put the threshold-mode TTFT P50 at 256 "
-     "sessions at -14.9%, now +4.1%). The TTFT P99s sit near +10% (128 / 256 sessions): on "
-     "one rank the same finite-source law reads 11% above a queue whose decodes stop during "
-     "prefill, as the engine's do (AgentX, 6 seeds, 2026-12-04), and the simulated load swings "
-     "with the heavy sessions in play. Not yet separated"),
+     "holding the prefill of the interval's arrivals. The TTFT P99s sit near +10% (128 / 256 "
+     "sessions): on one rank the same finite-source law reads 11% above a queue whose decodes "
+     "stop during prefill, as the engine's do (AgentX, 6 seeds), and the simulated load swings "
+     "with the heavy sessions in play; the two are not separated"),
 )
 
 
@@ -453,12 +365,7 @@ def write_report(names=None, reuse_sims: bool = False) -> str:
     """Simulate every scenario REPLICATIONS times (or, with `reuse_sims`, read the stored runs of
     data/calibration/serving_agreement_sims.csv), compare the closed form and write
     data/calibration/serving_agreement.md; returns the markdown."""
-    import datetime
-
-    import pandas as pd
-
-    from model import ROOT
-    from model.frontends.nbio import write_atomic
+    from model.frontends.nbio import write_atomic  # the one atomic file writer (frontends)
 
     if reuse_sims:
         sims = pd.read_csv(SIMS)
@@ -531,8 +438,6 @@ def write_report(names=None, reuse_sims: bool = False) -> str:
 
 
 if __name__ == "__main__":
-    import pandas as pd
-
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 20)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]

@@ -6,14 +6,12 @@ from collections import Counter
 
 import typer
 
-from model.frontends.cli.output import emit
+from model.frontends.cli.output import JSON, emit
 from model.perf.kv import entry_layouts, kv_bytes_per_token, kv_bytes_per_token_by_kind, sequence_kv
 from model.perf.params import parameter_counts, weight_bytes, weight_bytes_by_dtype
 from model.specs.architecture import list_architectures, load_architecture
 from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError
-
-JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 
 
 def describe(name: str, weight_dtype: str | None = None) -> dict:

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import typer
 
-from model.frontends.cli.output import emit
+from model.frontends.cli.output import JSON, emit
+from model.specs.errors import ServecastError
 
 GRID = typer.Argument(..., help="grid YAML: notebook, parameters, grid (and optional cases)")
 OUT = typer.Option(..., "--out", help="output folder (scenarios/, summary.csv, summary.parquet)")
 WORKERS = typer.Option(None, "--workers", min=1, help="parallel worker processes (default: cores)")
 SCHEDULER = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://host:8786")
 TIMEOUT = typer.Option(600, "--timeout-s", min=1, help="per-cell execution timeout, seconds")
-JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 
 
 def register(app: typer.Typer) -> None:
@@ -22,8 +22,7 @@ def register(app: typer.Typer) -> None:
               scheduler: str = SCHEDULER, timeout_s: int = TIMEOUT, as_json: bool = JSON) -> None:
         """Run every unfinished scenario (finished ones are skipped). If any failed, the JSON
         still comes out, then one error line and exit status 2."""
-        from model.frontends.batch import run_batch
-        from model.specs.errors import ServecastError
+        from model.frontends.batch import run_batch  # papermill and Dask load only when it runs
 
         result = run_batch(grid, out, workers=workers, scheduler=scheduler, timeout_s=timeout_s)
         report = result.as_dict()

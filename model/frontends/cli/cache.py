@@ -8,11 +8,15 @@ import math
 
 import typer
 
-from model.frontends.cli.output import emit
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
+from model.frontends.cli.output import JSON, emit
+from model.perf.parallel import ParallelPlan
+from model.specs.architecture import load_architecture
+from model.specs.defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
+from model.specs.hardware import load_hardware
+from model.specs.precision import with_precision
+from model.specs.recipes import recipe_settings
 
-JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 TRACES = typer.Argument(..., help="AgentX trace file(s)/folder(s) or a Mooncake JSONL")
 
 
@@ -29,7 +33,7 @@ def cache_summary(traces: list[str], capacity_tokens: float | None = None, polic
                   nvme_tokens: float | None = None, pool_tokens: float = 0.0,
                   interval_tokens: int = 0, seed: int = 0) -> dict:
     """The `servecast cache` JSON object."""
-    from model.serve.cache_replay import replay, stream_for
+    from model.serve.cache_replay import replay, stream_for  # loads numba: only when it runs
     from model.serve.routing import route_replay
 
     if replicas < 1:
@@ -66,94 +70,88 @@ def cache_summary(traces: list[str], capacity_tokens: float | None = None, polic
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("cache")
-    def cache(
-        traces: list[str] = TRACES,
-        capacity_tokens: float = typer.Option(None, "--capacity-tokens",
-                                              help="HBM prefix-cache capacity per replica, "
-                                              "tokens (default: infinite)"),
-        policy: str = typer.Option("lru", "--policy", help="lru | interval | second-hit"),
-        replicas: int = typer.Option(1, "--replicas", help="replicas requests are routed over"),
-        routing: str = typer.Option("sticky", "--routing",
-                                    help="sticky | random | least-loaded"),
-        host_tokens: float = typer.Option(None, "--host-tokens",
-                                          help="host-memory tier capacity, tokens"),
-        nvme_tokens: float = typer.Option(None, "--nvme-tokens", help="NVMe tier capacity"),
-        pool_tokens: float = typer.Option(0.0, "--pool-tokens",
-                                          help="shared remote pool (Mooncake store), tokens"),
-        interval_tokens: int = typer.Option(0, "--interval-tokens",
-                                            help="interval policy: checkpoint every N tokens "
-                                            "(0: prompt ends only)"),
-        seed: int = typer.Option(0, "--seed", help="random routing seed"),
-        as_json: bool = JSON,
-    ) -> None:
-        """Replay a trace through a prefix cache: hit_rate = cached input tokens / input tokens."""
-        emit(cache_summary(traces, capacity_tokens, policy, replicas, routing, host_tokens,
-                           nvme_tokens, pool_tokens, interval_tokens, seed), as_json)
+    app.command("cache")(cache_cmd)
+    app.command("memory")(memory_cmd)
+    app.command("reload")(reload_cmd)
 
-    @app.command("memory")
-    def memory_cmd(
-        arch: str = typer.Option(..., "--arch", help="architecture name, HF id or config path"),
-        hardware: str = typer.Option(..., "--hardware", help="hardware name or alias"),
-        context: float = typer.Option(131072, "--context", help="tokens per sequence"),
-        tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"),
-        dp: int = typer.Option(1, "--dp"), ep: int = typer.Option(1, "--ep"),
-        dcp: int = typer.Option(1, "--dcp"),
-        kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV cache dtype; the family's "
-                                     "recipe when omitted"),
-        precision: str = typer.Option(None, "--precision", help="served weight format (e.g. "
-                                      "fp8, mxfp8); the family's recipe when omitted"),
-        allocator: str = typer.Option("hybrid", "--allocator", help="hybrid | static"),
-        max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens"),
-        utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
-        as_json: bool = JSON,
-    ) -> None:
-        """HBM budget per GPU (weights, activations, reserve, KV pool), sequences that fit,
-        and the tier capacities in tokens; weights and KV as the family's serving recipe has
-        them (data/deployments/), as `plan` does, unless given."""
-        from model.perf.memory import hbm_budget
-        from model.perf.parallel import ParallelPlan
-        from model.perf.step import with_precision
-        from model.perf.tiers import tier_capacity_tokens
-        from model.specs.architecture import load_architecture
-        from model.specs.hardware import load_hardware
-        from model.specs.recipes import recipe_settings
 
-        a, hw = load_architecture(arch), load_hardware(hardware)
-        precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False,
-                                                 hw=hw)
-        a = with_precision(a, precision)
-        plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, dcp=dcp)
-        budget = hbm_budget(a, hw, plan, kv_dtype=kv_dtype,
-                            max_num_batched_tokens=max_num_batched_tokens, allocator=allocator,
-                            gpu_memory_utilization=utilization)
-        emit({"arch": a.name, "hardware": hw.name, "plan": plan.label(),
-              "precision": precision or a.weight_dtype,
-              "kv_dtype": kv_dtype or a.default_kv_dtype, **budget.summary(),
-              "context_tokens": context, "max_sequences": budget.max_sequences(context),
-              "kv_capacity_tokens": budget.kv_capacity_tokens(context),
-              "padding_fraction": budget.padding_fraction(context),
-              "tier_capacity_tokens": tier_capacity_tokens(a, hw, plan, kv_dtype, budget)},
-             as_json)
+def cache_cmd(
+    traces: list[str] = TRACES,
+    capacity_tokens: float = typer.Option(None, "--capacity-tokens",
+                                          help="HBM prefix-cache capacity per replica, "
+                                          "tokens (default: infinite)"),
+    policy: str = typer.Option("lru", "--policy", help="lru | interval | second-hit"),
+    replicas: int = typer.Option(1, "--replicas", help="replicas requests are routed over"),
+    routing: str = typer.Option("sticky", "--routing",
+                                help="sticky | random | least-loaded"),
+    host_tokens: float = typer.Option(None, "--host-tokens",
+                                      help="host-memory tier capacity, tokens"),
+    nvme_tokens: float = typer.Option(None, "--nvme-tokens", help="NVMe tier capacity"),
+    pool_tokens: float = typer.Option(0.0, "--pool-tokens",
+                                      help="shared remote pool (Mooncake store), tokens"),
+    interval_tokens: int = typer.Option(0, "--interval-tokens",
+                                        help="interval policy: checkpoint every N tokens "
+                                        "(0: prompt ends only)"),
+    seed: int = typer.Option(0, "--seed", help="random routing seed"),
+    as_json: bool = JSON,
+) -> None:
+    """Replay a trace through a prefix cache: hit_rate = cached input tokens / input tokens."""
+    emit(cache_summary(traces, capacity_tokens, policy, replicas, routing, host_tokens,
+                       nvme_tokens, pool_tokens, interval_tokens, seed), as_json)
 
-    @app.command("reload")
-    def reload(
-        arch: str = typer.Option(..., "--arch", help="architecture name, HF id or config path"),
-        hardware: str = typer.Option(..., "--hardware", help="hardware name or alias"),
-        tier: str = typer.Option("host", "--tier", help="host | nvme | remote"),
-        tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"),
-        dp: int = typer.Option(1, "--dp"), ep: int = typer.Option(1, "--ep"),
-        mode: str = typer.Option("batched", "--mode", help="batched | solo recompute cost"),
-        as_json: bool = JSON,
-    ) -> None:
-        """Reload a prefix's KV from a tier or recompute it: times by context, break-even."""
-        from model.perf.parallel import ParallelPlan
-        from model.perf.tiers import break_even
-        from model.specs.architecture import load_architecture
-        from model.specs.hardware import load_hardware
 
-        plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep)
-        res = break_even(load_architecture(arch), load_hardware(hardware), plan, tier, mode=mode)
-        emit({"arch": arch, "plan": plan.label(), "mode": mode, **res.summary(),
-              "contexts_tokens": res.contexts_tokens.tolist(), "load_s": res.load_s.tolist(),
-              "recompute_s": res.recompute_s.tolist()}, as_json)
+def memory_cmd(
+    arch: str = typer.Option(..., "--arch", help="architecture name, HF id or config path"),
+    hardware: str = typer.Option(..., "--hardware", help="hardware name or alias"),
+    context_tokens: float = typer.Option(131072, "--context", help="tokens per sequence"),
+    tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1, dcp: int = 1,
+    kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV cache dtype; the family's "
+                                 "recipe when omitted"),
+    precision: str = typer.Option(None, "--precision", help="served weight format (e.g. "
+                                  "fp8, mxfp8); the family's recipe when omitted"),
+    allocator: str = typer.Option("hybrid", "--allocator", help="hybrid | static"),
+    max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens"),
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    as_json: bool = JSON,
+) -> None:
+    """HBM budget per GPU (weights, activations, reserve, KV pool), sequences that fit,
+    and the tier capacities in tokens; weights and KV as the family's serving recipe has
+    them (data/deployments/), as `plan` does, unless given."""
+    from model.perf.memory import hbm_budget  # loads sympy: only when the command runs
+    from model.perf.tiers import tier_capacity_tokens
+
+    a, hw = load_architecture(arch), load_hardware(hardware)
+    precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False,
+                                             hw=hw)
+    a = with_precision(a, precision)
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, dcp=dcp)
+    budget = hbm_budget(a, hw, plan, kv_dtype=kv_dtype,
+                        max_num_batched_tokens=max_num_batched_tokens, allocator=allocator,
+                        gpu_memory_utilization=gpu_memory_utilization)
+    emit({"arch": a.name, "hardware": hw.name, "plan": plan.label(),
+          "precision": precision or a.weight_dtype,
+          "kv_dtype": kv_dtype or a.default_kv_dtype, **budget.summary(),
+          "context_tokens": context_tokens,
+          "max_sequences": budget.max_sequences(context_tokens),
+          "kv_capacity_tokens": budget.kv_capacity_tokens(context_tokens),
+          "padding_fraction": budget.padding_fraction(context_tokens),
+          "tier_capacity_tokens": tier_capacity_tokens(a, hw, plan, kv_dtype, budget)},
+         as_json)
+
+
+def reload_cmd(
+    arch: str = typer.Option(..., "--arch", help="architecture name, HF id or config path"),
+    hardware: str = typer.Option(..., "--hardware", help="hardware name or alias"),
+    tier: str = typer.Option("host", "--tier", help="host | nvme | remote"),
+    tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
+    mode: str = typer.Option("batched", "--mode", help="batched | solo recompute cost"),
+    as_json: bool = JSON,
+) -> None:
+    """Reload a prefix's KV from a tier or recompute it: times by context, break-even."""
+    from model.perf.tiers import break_even  # loads the step model: only when the command runs
+
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep)
+    res = break_even(load_architecture(arch), load_hardware(hardware), plan, tier, mode=mode)
+    emit({"arch": arch, "plan": plan.label(), "mode": mode, **res.summary(),
+          "contexts_tokens": res.contexts_tokens.tolist(), "load_s": res.load_s.tolist(),
+          "recompute_s": res.recompute_s.tolist()}, as_json)

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import typer
 
-from model.frontends.cli.output import emit
+from model.frontends.cli.output import JSON, emit
 from model.specs.hardware import Hardware, list_hardware, load_hardware
 from model.specs.prices import api_price, list_api_prices, price_sources
-
-JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 
 
 def describe(hw: Hardware) -> dict:

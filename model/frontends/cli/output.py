@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-import numpy as np
+import typer
 
+from model.frontends.nbio import plain
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no inf/nan; callers report infeasibility with a reason instead
-    if hasattr(value, "model_dump"):
-        return _plain(value.model_dump())
-    return value
+JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 
 
 def to_json(obj: dict[str, Any]) -> str:
-    return json.dumps(_plain(obj), indent=2, sort_keys=False)
+    return json.dumps(plain(obj), indent=2, sort_keys=False)
 
 
 def emit(obj: dict[str, Any], as_json: bool) -> None:
@@ -32,6 +21,6 @@ def emit(obj: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(to_json(obj))
         return
-    for key, value in _plain(obj).items():
+    for key, value in plain(obj).items():
         shown = value if isinstance(value, (str, int, float)) or value is None else json.dumps(value)
         print(f"{key}: {shown}")

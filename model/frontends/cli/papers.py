@@ -6,14 +6,13 @@ import os
 
 import typer
 
-from model.frontends.cli.output import emit
+from model.frontends.cli.output import JSON, emit
 
 PAPER = typer.Argument(..., help="paper folder under papers/, e.g. vllm-agentx")
 ONLY = typer.Option(None, "--only", help="claim ids or globs (repeatable), e.g. 'workload.*'")
 WORKERS = typer.Option(min(os.cpu_count() or 1, 4), "--workers", min=1,
                        help="processes for the independent plan searches")
 REPORT = typer.Option(False, "--report", help="also write papers/PAPER/report.md")
-JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +20,7 @@ def register(app: typer.Typer) -> None:
     def reproduce_cmd(paper: str = PAPER, only: list[str] = ONLY, workers: int = WORKERS,
                       report: bool = REPORT, as_json: bool = JSON) -> None:
         """Evaluate each claim's predictor; a claim the model cannot predict shows its reason."""
-        from model.validate.reproduce import reproduce, write_report
+        from model.validate.reproduce import reproduce, write_report  # loads on use
 
         result = reproduce(paper, only=only or None, workers=workers)
         if report:
