@@ -13,7 +13,7 @@ import sys
 import time
 
 from model import ROOT
-from model.frontends.nbio import write_atomic
+from model.specs.specio import write_atomic
 
 BENCHES = (
     ("kernels", "model.fit.calibrate", "bench_kernels"),

@@ -50,12 +50,10 @@ from model.frontends.nbio import (
     fast_notebook_imports,
     notebook_path,
     plain,
-    publish,
     read_headline,
-    write_atomic,
 )
 from model.specs.errors import ServecastError, SpecError
-from model.specs.specio import read_yaml_mapping
+from model.specs.specio import publish, read_yaml_mapping, write_atomic
 
 GRID_KEYS = ("notebook", "parameters", "grid", "cases")
 DONE = ".done"

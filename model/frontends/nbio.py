@@ -22,6 +22,7 @@ import numpy as np
 
 from model import ROOT
 from model.specs.errors import ServecastError
+from model.specs.specio import write_atomic
 
 NOTEBOOKS = ROOT / "notebooks"
 HEADLINE = "headline.json"
@@ -42,25 +43,6 @@ def plain(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return plain(value.model_dump())
     return value
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Write through a temporary file and rename, so an interrupt never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    publish(tmp, path)
-    return path
-
-
-def publish(tmp: str | Path, path: Path) -> None:
-    """Give a finished temporary file the usual permissions (mkstemp's 0600 would hide results
-    from other users) and rename it into place."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o666 & ~mask)
-    os.replace(tmp, path)
 
 
 def write_headline(output_dir: str | Path, headline: dict[str, Any]) -> Path:

@@ -8,7 +8,9 @@ the file, the dotted key and what is allowed. Dates stay text; `source:` takes o
 from __future__ import annotations
 
 import datetime
+import os
 import re
+import tempfile
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -176,3 +178,22 @@ def validated(path: Path, schema: type[BaseModel], data: Any | None = None) -> A
     except ValidationError as err:
         key, problem = validation_problem(err.errors()[0], schema)
         raise SpecError(path, key, problem) from None
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write through a temporary file and rename, so an interrupt never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    publish(tmp, path)
+    return path
+
+
+def publish(tmp: str | Path, path: Path) -> None:
+    """Give a finished temporary file the usual permissions (mkstemp's 0600 would hide results
+    from other users) and rename it into place."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, path)

@@ -27,6 +27,7 @@ from model.serve.engine import AffineStepModel, serve
 from model.serve.policy import EnginePolicy
 from model.serve.simulate import simulate
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+from model.specs.specio import write_atomic
 from model.specs.traces import load_trace
 from model.specs.workload import (
     ClosedLoop,
@@ -365,7 +366,6 @@ def write_report(names=None, reuse_sims: bool = False) -> str:
     """Simulate every scenario REPLICATIONS times (or, with `reuse_sims`, read the stored runs of
     data/calibration/serving_agreement_sims.csv), compare the closed form and write
     data/calibration/serving_agreement.md; returns the markdown."""
-    from model.frontends.nbio import write_atomic  # the one atomic file writer (frontends)
 
     if reuse_sims:
         sims = pd.read_csv(SIMS)
