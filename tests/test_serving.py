@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from model.serve.engine import AffineStepModel, _mean_step, serve, threshold_effect
+from model.serve.engine import AffineStepModel, serve, threshold_effect
 from model.serve.policy import EnginePolicy
 from model.serve.queueing import compound_shot_pmf, kingman_wait_s, mg1_wait_pmf, shot_noise_var
+from model.serve.step_balance import solve_mean_step
 from model.specs.workload import ClosedLoop, OpenLoop, load_workload
 
 SM = AffineStepModel(a=0.01, b=2e-5, c=1e-4, d=0.0, e=0.0)
@@ -91,7 +92,7 @@ def test_queued_prompts_sharing_the_last_step_save_their_step_in_the_queue():
     # saves 0.5 s. M/G/1: P(wait) = rho, and rho = X (1 - 0.5 P(wait)), so by hand
     # q = 0.5 - 0.25 q: q = rho = 0.4, mean service 0.8 s; the M/D/1 wait at that service,
     # rho / (1 - rho) x 0.8 / 2 = 0.2667 s (Pollaczek-Khinchine, cs2 = 0 here).
-    from model.serve.engine import _merged_queue
+    from model.serve.fcfs_prefill import _merged_queue
 
     n = 100
     queued, service, busy, wait, cs2, _, _ = _merged_queue(
@@ -200,9 +201,9 @@ def test_lock_stepped_ranks_pay_the_sum_of_big_prefills_but_the_max_of_small_one
     # -> extension per step ~ 1-(1-p)^8 of (E/k); with a threshold prefills overlap on every rank
     # (p -> 1) and the lock-step pays one rank's extension, not eight.
     td = 0.02
-    fcfs = _mean_step(1.0, 1.0, 0.1, td, 1, 8, True)
-    spread = _mean_step(1.0, 20.0, 0.1, td, 1, 8, False)
-    one_rank = _mean_step(1.0, 1.0, 0.1, td, 1, 1, True)
+    fcfs = solve_mean_step(1.0, 1.0, 0.1, td, 1, 8, True)[0]
+    spread = solve_mean_step(1.0, 20.0, 0.1, td, 1, 8, False)[0]
+    one_rank = solve_mean_step(1.0, 1.0, 0.1, td, 1, 1, True)[0]
     assert one_rank == pytest.approx(td / (1 - 0.1), rel=1e-6)  # T = td / (1 - X E)
     assert fcfs > 2.5 * one_rank
     assert spread < 1.5 * one_rank
@@ -390,18 +391,19 @@ def test_lock_stepped_decode_floor_is_one_sequence_on_the_replica():
     # read DeepSeek V4 DEP8's light-load steps at 8 decodes: TPOT P50 +13% over the simulation
     # at 32 sessions (data/calibration/serving_agreement.md, 2026-12-04). Expected values: the
     # step model's own decode step at 1 and 8 decodes in all (16.3 / 20.8 ms).
-    from model.serve.engine import _as_mix, _cached_mix, _Engine
+    from model.serve.rank_engine import rank_engine
+    from model.serve.request_mix import request_mix_for, request_sample
     from model.validate.agreement import dsv4_dep8_b300
 
     sm = dsv4_dep8_b300()
     load = ClosedLoop(32)
-    eng = _Engine(sm, _as_mix(_cached_mix(load_workload("agentx"), 2000, 0, None), load),
-                  EnginePolicy(), 8)
-    one = float(sm.step_time_s(0.0, 0.0, 1.0, eng.c_d, 1.0))
-    eight = float(sm.step_time_s(0.0, 0.0, 8.0, eng.c_d, 1.0))
-    assert eng.decode_step(1.0 / 8) == pytest.approx(one, rel=1e-6)
-    assert eng.decode_step(0.0) == pytest.approx(one, rel=1e-6)
-    assert eng.decode_step(1.0) == pytest.approx(eight, rel=1e-6)
+    eng = rank_engine(sm, request_sample(request_mix_for(load_workload("agentx"), 2000, 0), load),
+                      EnginePolicy(), 8)
+    one = float(sm.step_time_s(0.0, 0.0, 1.0, eng.decode_context_tokens, 1.0))
+    eight = float(sm.step_time_s(0.0, 0.0, 8.0, eng.decode_context_tokens, 1.0))
+    assert eng.decode_step_s(1.0 / 8) == pytest.approx(one, rel=1e-6)
+    assert eng.decode_step_s(0.0) == pytest.approx(one, rel=1e-6)
+    assert eng.decode_step_s(1.0) == pytest.approx(eight, rel=1e-6)
     assert eight / one > 1.2  # the floor matters: 8 decodes cost 28% more than one
 
 
@@ -413,7 +415,7 @@ def test_first_step_mixture_thins_arrivals_during_a_run():
     # D)] / D of the rate) and the decoding ones finish at td / (td + h) of their pace: gaps of
     # 5 s keep 0.5 + 0.5 * 0.01 / 5.01 of the arrivals, so f becomes 0.2 k / (0.2 k + 0.8) =
     # 0.1113 (worked by hand); gaps far longer than the run keep them all.
-    from model.serve.engine import _run_mixture
+    from model.serve.fcfs_prefill import _run_mixture
 
     span, ext, k = np.array([10.0]), np.array([5.0]), np.array([1.0])
 

@@ -234,13 +234,13 @@ def test_one_rank_closed_loop_arrivals_thin_while_runs_stretch_the_steps():
     # run far longer than a gap the sessions arrive at (Z + A) / (Z + A s) = 15 / 30 = 0.5 of
     # the rate; over a 1 ms run the idle ones still arrive: E[min(10, 0.001)] / 0.001 = 1, so
     # the share is 1; without a stretch nothing thins.
-    from model.serve.tails import _arrivals_kept_cycling
+    from model.serve.queueing import arrivals_kept_cycling
 
     gaps = np.full(100, 10.0)
-    long_run, short_run = _arrivals_kept_cycling(gaps, 15.0, 0.01, [0.03, 0.03], [1e6, 0.025])
+    long_run, short_run = arrivals_kept_cycling(gaps, 15.0, 0.01, [0.03, 0.03], [1e6, 0.025])
     assert long_run == pytest.approx(0.5 + 0.5 * 10.0 / (1e6 * 0.04), rel=1e-9)
     assert short_run == pytest.approx(1.0)
-    assert _arrivals_kept_cycling(gaps, 15.0, 0.01, [0.0], [1e6])[0] == pytest.approx(1.0)
+    assert arrivals_kept_cycling(gaps, 15.0, 0.01, [0.0], [1e6])[0] == pytest.approx(1.0)
     # Against the simulator: the 48-lane AgentX TPOT P90s with a threshold had read +10-12%
     # of the stored runs (windows opening inside runs at the full (1 + h / T)); in the runs
     # (agentx-n16-t512-indep, 2 x 30,000 s, 2026-12-05) 0.26 sessions/s arrive during runs of
@@ -261,13 +261,12 @@ def test_slot_chain_window_sum_by_hand():
     # P(Y = 0) = 0.7 x 0.7 = 0.49, P(Y = 1) = 0.7 x 0.3 + 0.3 x 0.4 = 0.33, P(Y = 2) = 0.3 x 0.6
     # = 0.18; 1.5 slots mix one slot (0.7, 0.3) and two half and half.
     from model.serve.lockstep import SlotChain
-    from model.serve.tails import _chain_sum_pmf
 
     pmfs = np.zeros((2, 8))
     pmfs[0, 0] = pmfs[1, 1] = 1.0
     chain = SlotChain(np.array([[0.7, 0.3], [0.4, 0.6]]), pmfs, 1.0, np.array([1.0, 0.0]))
-    assert _chain_sum_pmf(chain, 2.0, 1.0, 8)[:3] == pytest.approx([0.49, 0.33, 0.18], abs=1e-9)
-    assert _chain_sum_pmf(chain, 1.5, 1.0, 8)[:3] == pytest.approx([0.595, 0.315, 0.09],
+    assert chain.sum_pmf(2.0, 1.0, 8)[:3] == pytest.approx([0.49, 0.33, 0.18], abs=1e-9)
+    assert chain.sum_pmf(1.5, 1.0, 8)[:3] == pytest.approx([0.595, 0.315, 0.09],
                                                                  abs=1e-9)
 
 
@@ -521,17 +520,17 @@ def test_the_fcfs_wait_law_samples_every_session_the_mix_is_thinned_from():
     # A session profile's mix keeps every 16th request of a 16x draw (model.serve.engine._cached_mix);
     # the queue sample is that whole draw, so the mix is its every 16th request. A requests
     # profile (fixed lengths) is not thinned: its queue sample is the mix itself.
-    from model.serve.engine import MIX_SESSIONS_FACTOR, _cached_mix
+    from model.serve.request_mix import MIX_SESSIONS_FACTOR, request_mix_for
 
     w = load_workload("agentx")
-    mix, queue = _cached_mix(w, 2000, 3, None), _cached_mix(w, 2000, 3, None, queue=True)
+    mix, queue = request_mix_for(w, 2000, 3), request_mix_for(w, 2000, 3, queue=True)
     assert len(queue.context_tokens) >= MIX_SESSIONS_FACTOR * 2000  # whole sessions: a few more
     for field in ("context_tokens", "uncached_tokens", "output_tokens", "gap_s"):
         assert np.array_equal(getattr(queue, field)[::MIX_SESSIONS_FACTOR], getattr(mix, field))
-    hit = _cached_mix(w, 2000, 3, 0.5, queue=True).hit_rate  # the override holds on it too
+    hit = request_mix_for(w, 2000, 3, 0.5, queue=True).hit_rate  # the override holds on it too
     assert hit == pytest.approx(0.5, abs=0.01)
     fixed = load_workload("fixed-8k1k")
-    assert _cached_mix(fixed, 2000, 3, None, queue=True) is _cached_mix(fixed, 2000, 3, None)
+    assert request_mix_for(fixed, 2000, 3, queue=True) is request_mix_for(fixed, 2000, 3)
 
 
 def test_a_run_cut_short_by_max_steps_is_an_error():
