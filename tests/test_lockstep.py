@@ -16,7 +16,7 @@ def test_one_rank_is_the_work_conservation_law():
     full = rng.integers(0, 4, 3000).astype(float)
     full_ext = np.where(full > 0, rng.uniform(0.2, 1.0, 3000), 0.0)
     last = rng.uniform(0.0, 0.05, 3000)
-    slots = LockstepSlots(full, full_ext, last, td=0.02, interval=1, dp=1)
+    slots = LockstepSlots(full, full_ext, last, decode_step_s=0.02, interval=1, dp=1)
     x = 0.5
     expected = 0.02 / (1.0 - x * float(np.mean(full * full_ext + last)))
     got, _ = solve_mean_step(x, 0.0, 0.0, 0.02, 1, 1, True, slots)
@@ -33,13 +33,14 @@ def test_runs_on_two_ranks_cluster_as_the_birth_death_chain_says():
     # would give t = td + (2t - t^2) h, i.e. 0.2 s: runs that start while another holds the
     # slots overlap it and cost nothing more.
     n = 1000
-    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2)
+    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), decode_step_s=0.02,
+                          interval=1, dp=2)
     assert slots.mean_step(1.0, 0.05) == pytest.approx(0.076923, rel=1e-3)
     # the expert group sees both chunks: 40 ms more when two ranks run (L(2) = 0.56 s). By
     # hand: pi2 / pi1 = 0.52 / (2 x 0.44), pi = (0.882943, 0.073579, 0.043478), mean step
     # 0.02 + 0.073579 x 0.5 + 0.043478 x 0.54 = 0.080268 s
-    shared = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2,
-                           shared=np.array([0.0, 0.0, 0.04]))
+    shared = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), decode_step_s=0.02,
+                           interval=1, dp=2, shared_s=np.array([0.0, 0.0, 0.04]))
     assert shared.mean_step(1.0, 0.05) == pytest.approx(0.080268, rel=1e-3)
     # what a running rank's slot holds above its own chunk: with equal chunks only the expert
     # share, when the other runs too (J seen size-biased): 2 pi2 x 0.04 / (pi1 + 2 pi2)
@@ -55,7 +56,7 @@ def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
     # slot is interval x the mean step t, so t = td + h E[max of 8 Poisson(x t interval)] /
     # interval, solved here by plain iteration.
     n, h, td, iv, x = 2000, 0.1, 0.02, 8, 0.3
-    slots = LockstepSlots(np.zeros(n), np.zeros(n), np.full(n, h), td=td, interval=iv, dp=8)
+    slots = LockstepSlots(np.zeros(n), np.zeros(n), np.full(n, h), decode_step_s=td, interval=iv, dp=8)
     t = td
     for _ in range(200):
         t = td + h * expected_max_poisson(x * t * iv, 8) / iv
@@ -141,7 +142,8 @@ def test_first_slot_follows_the_chain_time_weighted():
     # a quiet slot one starts with probability 1 - e^-0.04 = 0.039211. Mean offset by hand:
     # 0.52 (0.26 + 0.5 x 0.714630) + 0.48 (0.01 + 0.5 x 0.039211) = 0.335214 s.
     n = 1000
-    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2)
+    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), decode_step_s=0.02,
+                          interval=1, dp=2)
     offsets, weights, in_run, own = slots.first_step(slots.law(1.0, 0.05), levels=4, phases=8)
     assert float(weights[in_run].sum()) == pytest.approx(0.52, rel=1e-3)
     assert float(np.sum(weights * offsets)) == pytest.approx(0.335214, rel=1e-3)

@@ -22,18 +22,18 @@ if TYPE_CHECKING:
     from model.serve.rank_engine import PrefillRuns, RankEngine
 
 
-def others_cost(eng: RankEngine, own, every, own_seqs, every_seqs,
+def others_cost(eng: RankEngine, own_tokens, every_tokens, own_seqs, every_seqs,
                 decode_batch: float) -> np.ndarray:
     """Seconds the other lock-stepped ranks' prefill adds to a step whose busiest rank holds
-    `own` tokens (`own_seqs` equal sequences) of the `every` (`every_seqs`) on all ranks:
+    `own_tokens` (`own_seqs` equal sequences) of the `every_tokens` (`every_seqs`) on all ranks:
     attention runs per rank, so the busiest sets it, but the expert group sees every rank's
     tokens."""
     c_d, b_all = eng.decode_context_tokens, eng.dp * decode_batch
-    alone = np.asarray(eng.step_model.step_time_s(own, c_d, b_all, c_d, own_seqs,
+    alone = np.asarray(eng.step_model.step_time_s(own_tokens, c_d, b_all, c_d, own_seqs,
                                                   prefill_ranks=1.0), float)
     shared = np.asarray(eng.step_model.step_time_s(
-        every, c_d, b_all, c_d, every_seqs, prefill_ranks=np.asarray(every_seqs) / own_seqs),
-        float)
+        every_tokens, c_d, b_all, c_d, every_seqs,
+        prefill_ranks=np.asarray(every_seqs) / own_seqs), float)
     return np.maximum(shared - alone, 0.0)
 
 
@@ -61,10 +61,11 @@ class AdmittingStep:
             rem > 0, tab.extension(np.maximum(rem, 1.0), np.full(len(rem), low), bb), 0.0)
         chunks = max(float(k.sum()), 1e-12)
         self.attention_s = max(float(runs.extension_s.sum() - flat.sum()), 0.0) / chunks
-        self.tokens = float(eng.sample.uncached_tokens.sum()) / chunks  # per chunk
+        self.tokens_per_chunk = float(eng.sample.uncached_tokens.sum()) / chunks
         # chunks a rank's budget holds: a last partial chunk leaves its room to the next prompt
-        self.room = free_tokens / max(self.tokens, 1.0)
-        self.eng, self.decode_batch, self.low, self.bb = eng, decode_batch, low, bb
+        self.room_chunks = free_tokens / max(self.tokens_per_chunk, 1.0)
+        self.eng, self.decode_batch = eng, decode_batch
+        self.short_context_tokens, self.decode_batch_floor = low, bb
 
     def extension_s(self, m: float, table: np.ndarray | None = None
                     ) -> tuple[float, np.ndarray]:
@@ -80,12 +81,13 @@ class AdmittingStep:
         """Extension of admitting steps with `top` chunks on the busiest rank, `total` on all."""
         top = np.maximum(np.asarray(top, float), 0.0)
         total = np.maximum(np.asarray(total, float), top)
-        own, every = np.maximum(top * self.tokens, 1.0), np.maximum(total * self.tokens, 1.0)
+        tokens, low, bb = self.tokens_per_chunk, self.short_context_tokens, self.decode_batch_floor
+        own, every = np.maximum(top * tokens, 1.0), np.maximum(total * tokens, 1.0)
         eng = self.eng
         # their matrix work as `top` sequences of `tokens` (as one sequence of top x tokens the
         # step model would add its attention over itself: 518 against 461 ms for 16 chunks)
-        flat = (eng.step_time_s(own, self.low, self.bb, np.maximum(top, 1.0))
-                - eng.step_time_s(0.0, 0.0, self.bb))
+        flat = (eng.step_time_s(own, low, bb, np.maximum(top, 1.0))
+                - eng.step_time_s(0.0, 0.0, bb))
         others = others_cost(eng, own, every, np.maximum(top, 1.0), np.maximum(total, 1.0),
                              self.decode_batch)
         return np.where(top > 0, top * self.attention_s + flat + others, 0.0)
@@ -110,14 +112,17 @@ class AdmittingStep:
 def _counts(step: AdmittingStep, size: int) -> np.ndarray:
     n = np.arange(size, dtype=float)
     dp = step.eng.dp
-    return step.at(np.minimum(expected_max_occupancy(n, dp), step.room),
-                   np.minimum(n, dp * step.room))
+    return step.at(np.minimum(expected_max_occupancy(n, dp), step.room_chunks),
+                   np.minimum(n, dp * step.room_chunks))
 
 
-def others_above(h: np.ndarray, c: float, m: float, dp: int) -> np.ndarray:
+def others_above(own_extension_s: np.ndarray, chunk_extension_s: float,
+                 chunks_per_rank: float, dp: int) -> np.ndarray:
     """E[max(h + c N0, c M)] - h: what a lock-stepped step adds to a rank's own chunk of
-    extension h when each rank packs a Poisson(m) number of chunks of extension c (N0 on its
-    own rank, M the most on any of the other dp - 1): the step waits for the busiest."""
+    extension h when each rank packs a Poisson(m) number (`chunks_per_rank`) of chunks of
+    extension c (N0 on its own rank, M the most on any of the other dp - 1): the step waits for
+    the busiest."""
+    h, c, m = own_extension_s, chunk_extension_s, chunks_per_rank
     n = np.arange(int(m + 12.0 * np.sqrt(m) + 12.0))
     p = poisson.pmf(n, m)
     q = np.diff(np.r_[0.0, poisson.cdf(n, m) ** (dp - 1)])  # pmf of the others' most

@@ -193,9 +193,11 @@ def _engine(step_model, workload, policy: EnginePolicy, load: Load, dp: int,
                        None if qm is rm else request_sample(qm, load), reload_s)
 
 
-def _laws(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | None, admit_wait: float,
-          load: Load, slo_p90_interactivity: float | None, slo_ttft_s: float | None) -> dict:
+def _laws(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
+          sessions_per_rank: float | None, admit_wait_s: float, load: Load,
+          slo_p90_interactivity: float | None, slo_ttft_s: float | None) -> dict:
     """The result's distributions and throughputs at the solved state."""
+    x, n_rank, admit_wait = rate_per_rank_rps, sessions_per_rank, admit_wait_s
     seen = decode_step_seen_s(eng, st, n_rank)
     ttft = ttft_law(st, admit_wait + st.prefill.extra_s)  # quantiles, backlog, SLO
     ttft_dist = ttft.distribution()
@@ -230,13 +232,13 @@ def _laws(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | None, admit
         e2e_interactivity_tok_s={n: float(v) for n, v in zip(names, e2e_q, strict=True)})
 
 
-def _slo_attainment(ttft_dist, tpot: TpotLaw, slo_step_s_inverse: float | None,
+def _slo_attainment(ttft_dist, tpot: TpotLaw, slo_steps_per_s: float | None,
                     slo_ttft_s: float | None) -> float:
     """Share of requests meeting both SLOs: P90 interactivity (as decode steps per second) and
     TTFT, taken as independent."""
     ok = 1.0
-    if slo_step_s_inverse and tpot.bins:
-        ok *= float(tpot_cdf(tpot, np.array([1.0 / slo_step_s_inverse]))[0])
+    if slo_steps_per_s and tpot.bins:
+        ok *= float(tpot_cdf(tpot, np.array([1.0 / slo_steps_per_s]))[0])
     if slo_ttft_s:
         grid, pmf = ttft_dist
         ok *= float(np.sum(pmf[grid <= slo_ttft_s]))

@@ -86,10 +86,11 @@ class StalledPrefill:
     shared_steps_mean_s: float = 0.0
 
 
-def solve_fcfs(eng: RankEngine, bal: StepBalance, ca2: float, n_sessions: float | None,
+def solve_fcfs(eng: RankEngine, bal: StepBalance, ca2: float, sessions_per_rank: float | None,
                merged_start: float) -> tuple[FcfsPrefill | StalledPrefill, str]:
     """The FCFS queue at the balanced steps: (its part of the state, why it is unstable or "").
     `merged_start`: where the merged share's fixed point starts (the last solve's)."""
+    n_sessions = sessions_per_rank
     x, b, td = bal.rate_per_rank_rps, bal.decode_batch, bal.decode_step_s
     runs, rate = bal.runs, bal.chunk_tokens
     k, ext, rem = runs.chunks, runs.extension_s, runs.last_chunk_tokens
@@ -146,7 +147,7 @@ def solve_fcfs(eng: RankEngine, bal: StepBalance, ca2: float, n_sessions: float 
 
 
 def _first_step(eng: RankEngine, bal: StepBalance, law: SlotLaw | None,
-                n_sessions: float | None) -> FirstStep:
+                sessions_per_rank: float | None) -> FirstStep:
     """Whether another rank is mid-run when a prompt arrives decides its first step: a mixture
     of offsets instead of everyone paying the mean (which sets P50 too high and P90 too low
     where runs are rare and long)."""
@@ -154,7 +155,7 @@ def _first_step(eng: RankEngine, bal: StepBalance, law: SlotLaw | None,
     k, ext = bal.runs.chunks, bal.runs.extension_s
     interval = eng.policy.prefill_schedule_interval
     busy = bal.engine_busy(eng.dp)
-    gaps = eng.sample.gap_s if n_sessions else None
+    gaps = eng.sample.gap_s if sessions_per_rank else None
     # lock-stepped ranks: each of the prompt's steps also waits for the other ranks' prefill
     # (their share of the mean extension per step)
     t_lock = td + (tbar - td) * (1.0 - 1.0 / eng.dp)
@@ -195,25 +196,27 @@ def _decoding(eng: RankEngine, bal: StepBalance, slot_s: float) -> tuple:
             / eng.tokens_per_step * (slot_s + chunk_h) / interval)
 
 
-def _wait_law(service: np.ndarray, rho: float, x: float, gaps, n: int, decoding=None,
-              extra: float = 0.0):
-    """(dt, busy probability, wait pmf) of the FCFS prefill queue on an n-point grid; `extra`:
+def _wait_law(service_s: np.ndarray, rho: float, rate_per_rank_rps: float, gaps_s, n: int,
+              decoding=None, extra_s: float = 0.0):
+    """(dt, busy probability, wait pmf) of the FCFS prefill queue on an n-point grid; `extra_s`:
     the mean time a prompt spends past its wait and service before its first token."""
-    s_max = float(service.max())
-    t_max = 4.0 * s_max + 20.0 * float(service.mean()) / max(1.0 - rho, 0.02)
+    s_max = float(service_s.max())
+    t_max = 4.0 * s_max + 20.0 * float(service_s.mean()) / max(1.0 - rho, 0.02)
     dt = t_max / n
-    pmf, busy = fcfs_wait_pmf(service, rho, dt, n, gaps, x, decoding, extra)
+    pmf, busy = fcfs_wait_pmf(service_s, rho, dt, n, gaps_s, rate_per_rank_rps, decoding,
+                              extra_s)
     return dt, busy, pmf
 
 
-def _merged_queue(service, saved, last_step, x: float, ca2: float, gaps, decoding,
-                  start: float, extra: float = 0.0):
+def _merged_queue(service_s, saved_s, last_step_s, rate_per_rank_rps: float, ca2: float,
+                  gaps_s, decoding, start: float, extra_s: float = 0.0):
     """FCFS prefill queue where a prompt queued when its predecessor's last step starts saves
-    `saved` of its service: (queued, service, busy, mean wait, cs2, wait pmf, grid step), or
+    `saved_s` of its service: (queued, service, busy, mean wait, cs2, wait pmf, grid step), or
     None when even all of them merging leaves utilization >= 1. `queued` = P(W > L), the wait
     against the predecessor's last step L, is a fixed point (more merging, less waiting):
     iterated from `start` inside a shrinking bracket of [0, 1]."""
-    ls = np.sort(last_step)
+    service, saved, x, gaps, extra = service_s, saved_s, rate_per_rank_rps, gaps_s, extra_s
+    ls = np.sort(last_step_s)
 
     def at(queued):
         s = service - queued * saved
@@ -263,8 +266,11 @@ def _lockstep_first_step(first, busy: float):
     return np.r_[0.0, offs], weights / weights.sum(), np.r_[0.0, own_h]
 
 
-def _run_mixture(x, td, span, ext, k, interval, dp, busy, gaps=None):
-    """FCFS first-step mixture: (offsets, weights, mean first-step extension). With probability
+def _run_mixture(rate_per_rank_rps: float, decode_step_s: float, span_s: np.ndarray,
+                 extension_s: np.ndarray, chunks: np.ndarray, interval: int, dp: int,
+                 busy: float, gaps_s=None):
+    """FCFS first-step mixture: (offsets, weights, mean first-step extension) at x requests/s
+    per rank, decode step td, each request's run span, extension E and chunks k. With probability
     q another of the dp - 1 lock-stepped ranks is mid-run when the prompt arrives (each rank
     spends a fraction x E[span] of its time in runs); the arrival then lands in a run picked
     length-biased, waits out the rest of its cadence cycle (interval decode steps plus that
@@ -274,6 +280,8 @@ def _run_mixture(x, td, span, ext, k, interval, dp, busy, gaps=None):
     run stretches every rank's steps, sessions decoding anywhere stall, and only those already
     idle arrive (DSV4 DEP8, 128 sessions, cadence 1: another rank is mid-run at 57% of arrivals
     with the thinning, 64% without it, 49% simulated)."""
+    x, td, span, ext, k, gaps = (rate_per_rank_rps, decode_step_s, span_s, extension_s, chunks,
+                                 gaps_s)
     f_run = min(x * float(np.mean(span)), 1.0)
     h = ext / np.maximum(k, 1.0)  # the run's chunk extension per chunk step
     seen = span

@@ -31,19 +31,23 @@ from model.specs.workload import ClosedLoop, Load
 SEEN_RATIO_TOLERANCE = 0.005  # the re-solve at the seen step moves the rate < 0.3% more
 
 
-def open_loop_state(eng: RankEngine, x: float, ca2: float) -> tuple[SolvedRate, RankEngine]:
-    """(state, engine with its seen ratio) at x requests/s per rank from outside."""
+def open_loop_state(eng: RankEngine, rate_per_rank_rps: float, ca2: float
+                    ) -> tuple[SolvedRate, RankEngine]:
+    """(state, engine with its seen ratio) at a per-rank request rate from outside (`ca2`: the
+    arrivals' squared coefficient of variation)."""
+    x = rate_per_rank_rps
     st = solve_rate(eng, x, ca2, None, WarmStart())
     if st.reason:
         return st, eng
     return st, eng.with_seen_ratio(_seen_ratio(eng, st, x, None))
 
 
-def closed_loop_state(eng: RankEngine, load: ClosedLoop, n_rank: float
+def closed_loop_state(eng: RankEngine, load: ClosedLoop, sessions_per_rank: float
                       ) -> tuple[float, SolvedRate, RankEngine]:
-    """(rate, state, engine with its capped gaps and seen ratio) of `n_rank` sessions per rank:
-    solved at the mean step, then once more at the step decodes see. A rate <= 0 or a state
-    with a reason: the load cannot be served."""
+    """(rate per rank, state, engine with its capped gaps and seen ratio) of the sessions on a
+    rank: solved at the mean step, then once more at the step decodes see. A rate <= 0 or a
+    state with a reason: the load cannot be served."""
+    n_rank = sessions_per_rank
     x, st = closed_loop_rate(eng, n_rank, 1.0, WarmStart())
     if x <= 0 or st.reason:
         return x, st, eng
@@ -57,13 +61,14 @@ def closed_loop_state(eng: RankEngine, load: ClosedLoop, n_rank: float
     near = n_rank / (n_rank / x + eng.mean_decode_steps * st.mean_step_s
                      * (ratio - eng.seen_ratio))
     seen = eng.with_seen_ratio(ratio)
-    x, st = closed_loop_rate(seen, n_rank, 1.0, st.warm_start, near=near)
+    x, st = closed_loop_rate(seen, n_rank, 1.0, st.warm_start, near_rps=near)
     if x > 0 and not st.reason:
         return _idle_capped(seen, load, n_rank, x, st)
     return x, st, seen
 
 
-def _seen_ratio(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | None) -> float:
+def _seen_ratio(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
+                sessions_per_rank: float | None) -> float:
     """The mean step decoding sequences see (token-weighted mean of the TPOT law) over the
     mean step, at the solved state. DSV4 DEP8 at 128 sessions, cadence 1: 92.9 ms seen over a
     70.6 ms mean step, simulated 87.8-94.0 ms over 69.5-74.6 ms; AgentX at 48 sessions with the
@@ -71,7 +76,8 @@ def _seen_ratio(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | None)
     step: every decoding sequence takes every step, and the law's mean falls below it only where
     the law has broken down (FCFS on lock-stepped ranks near saturation)."""
     law = ttft_law(st, st.prefill.extra_s)
-    tpot = tpot_law(eng, st, x, n_rank, law.distribution(), st.decode_step_s)
+    tpot = tpot_law(eng, st, rate_per_rank_rps, sessions_per_rank, law.distribution(),
+                    st.decode_step_s)
     return max(seen_step_s(tpot) / st.mean_step_s, 1.0) if tpot.bins else 1.0
 
 
@@ -82,10 +88,11 @@ def _response_s(eng: RankEngine, st: SolvedRate) -> float:
     return run_time_s(eng, st, st.prefill.mean_wait_s * st.prefill.wait_scale)
 
 
-def closed_loop_rate(eng: RankEngine, n: float, ca2: float, warm: WarmStart,
-                     near: float | None = None) -> tuple[float, SolvedRate]:
+def closed_loop_rate(eng: RankEngine, sessions_per_rank: float, ca2: float, warm: WarmStart,
+                     near_rps: float | None = None) -> tuple[float, SolvedRate]:
     """(rate, state) of the response-time law X = N / (Z + R(X)) by regula falsi (R grows with
-    X); `near`, a rate close to the answer, brackets it from there."""
+    X); `near_rps`, a rate close to the answer, brackets it from there."""
+    n, near = sessions_per_rank, near_rps
     z = float(eng.sample.gap_s.mean())
 
     def excess(x: float, warm: WarmStart) -> tuple[float, WarmStart]:
@@ -162,11 +169,13 @@ def _bracket(excess, near: float, warm: WarmStart, width: float = 0.003):
         lo, f_lo, step = hi, f_hi, 2.0 * step
 
 
-def _idle_capped(eng: RankEngine, load: ClosedLoop, n_rank: float, x: float, st: SolvedRate,
-                 passes: int = 2) -> tuple[float, SolvedRate, RankEngine]:
+def _idle_capped(eng: RankEngine, load: ClosedLoop, sessions_per_rank: float,
+                 rate_per_rank_rps: float, st: SolvedRate, passes: int = 2
+                 ) -> tuple[float, SolvedRate, RankEngine]:
     """Re-solve the closed loop with the gaps the AgentX system idle cap leaves
     (model.specs.idle_cap): each pass reads the lanes' active time per turn at the last solution
     and scales the sample's gaps to the capped mean. Returns the engine with those gaps."""
+    n_rank, x = sessions_per_rank, rate_per_rank_rps
     if load.idle_cap_s is None:
         return x, st, eng
     gaps = eng.sample.gap_s.copy()
@@ -187,12 +196,13 @@ def _idle_capped(eng: RankEngine, load: ClosedLoop, n_rank: float, x: float, st:
     return x, st, eng
 
 
-def admission_cap(eng: RankEngine, load: Load, x: float, st: SolvedRate,
-                  n_rank: float | None) -> tuple[float, SolvedRate, float, str, str]:
+def admission_cap(eng: RankEngine, load: Load, rate_per_rank_rps: float, st: SolvedRate,
+                  sessions_per_rank: float | None) -> tuple[float, SolvedRate, float, str, str]:
     """(rate, state, admission wait, what bounds it, why unstable) under the admission limit:
     running requests per rank (max_num_seqs, the KV pool). An open loop past it is unstable; a
     closed loop's throughput is capped where x * run_time(x) = limit (Little's law on the
     running set; run time grows with x), the remaining sessions queueing for admission."""
+    x, n_rank = rate_per_rank_rps, sessions_per_rank
     running = x * run_time_s(eng, st)
     c, o = eng.sample.context_tokens, eng.sample.output_tokens
     kv_tokens = float(np.asarray(getattr(eng.step_model, "kv_capacity_tokens",
@@ -215,11 +225,13 @@ def admission_cap(eng: RankEngine, load: Load, x: float, st: SolvedRate,
     return x, st, admit_wait, bounded_name, ""
 
 
-def _admission_capped_rate(eng: RankEngine, x_hi: float, limit: float, n_rank: float,
-                           warm: WarmStart) -> tuple[float, SolvedRate, float]:
+def _admission_capped_rate(eng: RankEngine, max_rate_rps: float, limit_requests: float,
+                           sessions_per_rank: float, warm: WarmStart
+                           ) -> tuple[float, SolvedRate, float]:
     """(x, state, run time) with x * run_time(x) = limit, by bisection below the uncapped rate
     x_hi (a single re-solve at limit / run_time overshoots when the queue at x_hi made the run
     time long)."""
+    x_hi, limit, n_rank = max_rate_rps, limit_requests, sessions_per_rank
     lo, hi, best = 0.0, x_hi, None
     for _ in range(40):
         x = 0.5 * (lo + hi)

@@ -55,38 +55,40 @@ def _mean(cdf: np.ndarray, dy: float) -> float:
 
 
 class LockstepSlots:
-    """Per-rank admitting-slot picture of one request mix: `full` chunks per request (each of
-    extension `full_ext`) and a last piece of extension `last_ext` (0 when the prompt ends on a
-    full chunk)."""
+    """Per-rank admitting-slot picture of one request sample: `full_chunks` per request (each of
+    extension `full_extension_s`) and a last piece of extension `last_extension_s` (0 when the
+    prompt ends on a full chunk) of `last_tokens`, at a chunk of `chunk_tokens`; `shared_s`:
+    what j run chunks on j ranks add over the tallest (j = 0..dp)."""
 
-    def __init__(self, full: np.ndarray, full_ext: np.ndarray, last_ext: np.ndarray,
-                 td: float, interval: int, dp: int, shared: np.ndarray | None = None,
-                 last_tokens: np.ndarray | None = None, chunk: float = 0.0):
-        # the whole mix: an evenly strided subsample of a session-ordered mix is biased (4,000
-        # of 5,242 AgentX turns put 5% more run chunks in and the step 8% higher)
-        self.full = np.asarray(full, float)
-        self.full_ext = np.asarray(full_ext, float)
-        self.last = np.asarray(last_ext, float)
-        self.td, self.interval, self.dp = td, interval, dp
+    def __init__(self, full_chunks: np.ndarray, full_extension_s: np.ndarray,
+                 last_extension_s: np.ndarray, decode_step_s: float, interval: int, dp: int,
+                 shared_s: np.ndarray | None = None, last_tokens: np.ndarray | None = None,
+                 chunk_tokens: float = 0.0):
+        # the whole sample: an evenly strided subsample of a session-ordered sample is biased
+        # (4,000 of 5,242 AgentX turns put 5% more run chunks in and the step 8% higher)
+        self.full_chunks = np.asarray(full_chunks, float)
+        self.full_extension_s = np.asarray(full_extension_s, float)
+        self.last_extension_s = np.asarray(last_extension_s, float)
+        self.decode_step_s, self.interval, self.dp = decode_step_s, interval, dp
         # what j run chunks on j ranks add over the tallest (the expert group sees them all)
-        self.shared = np.zeros(dp + 1) if shared is None else np.asarray(shared, float)
-        self.mean_full = float(self.full.mean())
-        self.run_w = self.full / max(float(self.full.sum()), 1e-300)
-        self.last_mean = float(self.last.mean())
-        self.last_m2 = float(np.mean(self.last**2))
-        self.top = max(float(self.full_ext.max()), float(self.last.max()), 1e-12)
-        self.merge = None if last_tokens is None or chunk <= 0 else _MergeLaw(
-            self.full, np.asarray(last_tokens, float), chunk)
+        self.shared_s = np.zeros(dp + 1) if shared_s is None else np.asarray(shared_s, float)
+        self.mean_full_chunks = float(self.full_chunks.mean())
+        self.run_w = self.full_chunks / max(float(self.full_chunks.sum()), 1e-300)
+        self.last_mean_s = float(self.last_extension_s.mean())
+        self.last_square_mean_s2 = float(np.mean(self.last_extension_s**2))
+        self.top_s = max(float(self.full_extension_s.max()), float(self.last_extension_s.max()), 1e-12)
+        self.merge = None if last_tokens is None or chunk_tokens <= 0 else _MergeLaw(
+            self.full_chunks, np.asarray(last_tokens, float), chunk_tokens)
 
     def _grid(self, y_max: float, kept: SlotGrid | None) -> SlotGrid:
         """The grid `kept` while it reaches y_max, else one 1.5 y_max wide."""
         if kept is not None and kept.dy * GRID >= y_max:
             return kept
         dy = 1.5 * y_max / GRID
-        return SlotGrid(dy, _cdf(self.full_ext, self.run_w, dy), self._piece_transform(dy))
+        return SlotGrid(dy, _cdf(self.full_extension_s, self.run_w, dy), self._piece_transform(dy))
 
     def _piece_transform(self, dy: float) -> np.ndarray:
-        return np.fft.rfft(_binned(self.last, None, dy) / len(self.last), 2 * GRID) - 1.0
+        return np.fft.rfft(_binned(self.last_extension_s, None, dy) / len(self.last_extension_s), 2 * GRID) - 1.0
 
     @staticmethod
     def _packed_cdf(mu: float, piece: np.ndarray) -> np.ndarray:
@@ -99,7 +101,7 @@ class LockstepSlots:
     def mean_step(self, x: float, t: float) -> float:
         """The mean step implied by a mean step `t` at x requests/s per rank (one map of the
         fixed point in the step time), on a fresh grid."""
-        return self.law(x, t).mean_step
+        return self.law(x, t).mean_step_s
 
     def others_above_own(self, sl: SlotLaw) -> float:
         """Mean extension a slot adds above a running rank's own chunk (the other ranks' runs
@@ -107,8 +109,8 @@ class LockstepSlots:
         running rank sees it (size-biased)."""
         j = np.arange(1, self.dp + 1)
         w = sl.pi[1:] * j
-        seen = float(np.sum(w * sl.x_run[1:])) / max(float(w.sum()), 1e-300)
-        own = float(np.sum(self.run_w * self.full_ext))
+        seen = float(np.sum(w * sl.run_slot_s[1:])) / max(float(w.sum()), 1e-300)
+        own = float(np.sum(self.run_w * self.full_extension_s))
         return max(seen - own, 0.0)
 
     def first_step(self, sl: SlotLaw, levels: int, phases: int, gaps=None,
@@ -125,12 +127,12 @@ class LockstepSlots:
         C seconds). Prompts of up to 2K tokens that find their rank idle, DSV4 DEP8 (simulated,
         seed 1): P(a run holds the slot at arrival) 0.37 at 128 sessions, cadence 1, 0.70 at
         256, cadence 8; then the own slot holds a run too in 0.83 / 0.95 of cases."""
-        x = sl.rate
-        dp, iv, td = self.dp, self.interval, self.td
+        x = sl.rate_per_rank_rps
+        dp, iv, td = self.dp, self.interval, self.decode_step_s
         grid = np.arange(GRID) * sl.dy
         lv = (np.arange(levels) + 0.5) / levels
         ph = (np.arange(phases) + 0.5) / phases
-        runs = self.full >= 1
+        runs = self.full_chunks >= 1
         j = np.arange(dp + 1)
         length, ends = self._slot_lengths(sl)
         no_birth = np.exp(-(dp - j) * x * float(runs.mean()) * length)
@@ -140,12 +142,12 @@ class LockstepSlots:
             if n == 0:
                 heights = np.zeros(levels)
             else:
-                heights = np.interp(lv, self._run_slot_cdf(sl, n), grid) + self.shared[n]
+                heights = np.interp(lv, self._run_slot_cdf(sl, n), grid) + self.shared_s[n]
             for h in heights:
                 cycle = iv * td + h
                 w = sl.pi[n] * (dp - n) * cycle / levels
                 in_decodes = (iv - 1) * td / cycle
-                nxt = h if n > 0 else float(sl.x_run[1])  # a quiet slot's successor: a run
+                nxt = h if n > 0 else float(sl.run_slot_s[1])  # a quiet slot's successor: a run
                 waited = ph * (td + h) + (iv - 1) * td
                 for o, share, oh in ((ph * (iv - 1) * td + h, in_decodes, h),
                                      (waited + nxt, (1 - in_decodes) * goes_on[n], nxt),
@@ -162,10 +164,10 @@ class LockstepSlots:
     def _slot_lengths(self, sl: SlotLaw) -> tuple[np.ndarray, np.ndarray]:
         """(length of a cycle of interval steps by J = 0..dp, the probability a running chunk
         is its run's last): a busy rank's own arrivals queue behind its run."""
-        runs = self.full >= 1
-        length = self.interval * self.td + np.r_[_mean(sl.f_quiet, sl.dy), sl.x_run[1:]]
-        own = np.maximum(1.0 - sl.rate * self.mean_full * length, 1e-3)
-        per_run = float(self.full[runs].mean()) if runs.any() else 1.0
+        runs = self.full_chunks >= 1
+        length = self.interval * self.decode_step_s + np.r_[_mean(sl.f_quiet, sl.dy), sl.run_slot_s[1:]]
+        own = np.maximum(1.0 - sl.rate_per_rank_rps * self.mean_full_chunks * length, 1e-3)
+        per_run = float(self.full_chunks[runs].mean()) if runs.any() else 1.0
         return length, np.minimum(own / per_run, 1.0)
 
     def _run_slot_cdf(self, sl: SlotLaw, n: int) -> np.ndarray:
@@ -178,13 +180,13 @@ class LockstepSlots:
         step stretches, so the sessions decoding crawl and only those already idle arrive,
         ever fewer as it lasts: E[min(gap, C)] / C over a cluster of C seconds, the rest at
         the decode pace); 1 in an open loop (`gaps` None)."""
-        runs = self.full >= 1
+        runs = self.full_chunks >= 1
         if gaps is None or not runs.any():
             return 1.0
-        cycle = self.interval * self.td + float(sl.x_run[1])
-        c = np.maximum(self.full[runs] * sl.stretch * cycle, 1e-12)  # cluster seconds
+        cycle = self.interval * self.decode_step_s + float(sl.run_slot_s[1])
+        c = np.maximum(self.full_chunks[runs] * sl.stretch * cycle, 1e-12)  # cluster seconds
         idle = np.minimum(expected_min(np.sort(np.asarray(gaps, float)), c) / c, 1.0)
-        pace = self.interval * self.td / cycle
+        pace = self.interval * self.decode_step_s / cycle
         return float(np.sum(c * (idle + (1.0 - idle) * pace))) / max(float(c.sum()), 1e-300)
 
     def window_chain(self, sl: SlotLaw, gaps=None) -> SlotChain:
@@ -198,9 +200,9 @@ class LockstepSlots:
         a run, as the run ends. The chain forgets which run holds a rank: every slot draws its
         heights afresh and runs end geometrically, so it keeps J's mean reversion but not a
         long cold run's persistence (model.serve.tpot_law uses it with the shot law)."""
-        x, dp = sl.rate, self.dp
+        x, dp = sl.rate_per_rank_rps, self.dp
         j = np.arange(dp + 1)
-        runs = self.full >= 1
+        runs = self.full_chunks >= 1
         length, ends = self._slot_lengths(sl)
         starts = 1.0 - np.exp(-x * float(runs.mean()) * length)
         trans = np.zeros((dp + 1, dp + 1))
@@ -216,7 +218,7 @@ class LockstepSlots:
         pmfs = np.zeros((dp + 1, GRID))
         pmfs[0] = np.diff(np.r_[0.0, sl.f_quiet])
         for n in j[1:]:
-            pmfs[n] = np.diff(np.r_[0.0, np.interp(grid - self.shared[n], grid,
+            pmfs[n] = np.diff(np.r_[0.0, np.interp(grid - self.shared_s[n], grid,
                                                    self._run_slot_cdf(sl, n), left=0.0)])
         arrive = pi * length * np.where(j > 0, self._kept_in_clusters(sl, gaps), 1.0)
         at_free = float(np.sum(arrive * (dp - j))) / max(float(arrive.sum()) * dp, 1e-300)
@@ -239,7 +241,7 @@ class LockstepSlots:
         pi, starts = sl.pi, sl.pi[:-1] * sl.births
         # the quiet slots' pieces under every slot, but never above the mean slot (near
         # saturation the rare quiet slots pile up every piece)
-        mean_slot = (sl.mean_step - self.td) * self.interval
+        mean_slot = (sl.mean_step_s - self.decode_step_s) * self.interval
         floor = min(_mean(sl.f_quiet, sl.dy), mean_slot)
         busy = 1.0 - pi[0]
         opens = float(starts[0] / max(float(starts.sum()), 1e-300))  # runs that open one
@@ -249,25 +251,25 @@ class LockstepSlots:
         depth = -np.log(max(float(pi[0]), 1e-300))
         f_above = sl.f_pieces * np.exp(-depth * (1.0 - sl.f_run))
         above = np.r_[0.0, np.cumsum(f_above) * sl.dy]
-        runs = self.full >= 1
-        h_eff = np.interp(self.full_ext[runs] / sl.dy, np.arange(GRID + 1), above)
+        runs = self.full_chunks >= 1
+        h_eff = np.interp(self.full_extension_s[runs] / sl.dy, np.arange(GRID + 1), above)
         extra = mean_slot - floor  # the clusters' share of the mean slot
-        per_slot = depth * float(np.sum(self.full[runs] * h_eff)) / max(
-            float(self.full[runs].sum()), 1e-300)
+        per_slot = depth * float(np.sum(self.full_chunks[runs] * h_eff)) / max(
+            float(self.full_chunks[runs].sum()), 1e-300)
         scale = extra / per_slot if per_slot > 0 else 0.0
         boolean = depth / busy if busy > 0 else 1.0
-        return (floor, self.full[runs] * sl.stretch, h_eff * scale,
+        return (floor, self.full_chunks[runs] * sl.stretch, h_eff * scale,
                 float(runs.mean()) * opens * boolean)
 
     def law(self, x: float, t: float, grid: SlotGrid | None = None) -> SlotLaw:
         """The slot picture at x requests/s per rank and mean step `t`, on `grid` while it
         reaches (None: a fresh one)."""
-        dp, iv, td = self.dp, self.interval, self.td
-        p = min(x * self.mean_full * t * iv, 0.999)  # a rank holds a run chunk in a slot
+        dp, iv, td = self.dp, self.interval, self.decode_step_s
+        p = min(x * self.mean_full_chunks * t * iv, 0.999)  # a rank holds a run chunk in a slot
         per_slot = x * t * iv  # last pieces reaching a rank per slot, on average
         width = per_slot / max((1.0 - p) ** dp, 1e-3)
-        y_max = 1.05 * max(self.top, width * self.last_mean
-                           + 10.0 * np.sqrt(width * self.last_m2) + self.top)
+        y_max = 1.05 * max(self.top_s, width * self.last_mean_s
+                           + 10.0 * np.sqrt(width * self.last_square_mean_s2) + self.top_s)
         grid = self._grid(y_max, grid)
         dy, f_run, piece = grid.dy, grid.f_run, grid.piece
         # a slot where j ranks hold a run chunk lasts as long as the tallest of them and of the
@@ -279,7 +281,7 @@ class LockstepSlots:
             for _ in range(3):  # a run slot draws arrivals over its own length
                 mu_run[n] = x * (iv * td + x_run[n])
                 x_run[n] = _mean(f_run ** n * self._packed_cdf(mu_run[n], piece) ** (dp - n),
-                                 dy) + self.shared[n]
+                                 dy) + self.shared_s[n]
         # J, the ranks on a run chunk, is a birth-death chain in slots: each of the dp - J free
         # ranks starts runs at the rate run chunks reach it over the slot's length, each busy
         # rank freeing after its chunks (a stationary law insensitive to how many). Run slots are
@@ -287,7 +289,7 @@ class LockstepSlots:
         # cluster, where independent ranks (a binomial J) spread them. DSV4 DEP8, 128 sessions,
         # cadence 1: P(J = 0..3) 0.953 / 0.035 / 0.010 / 0.002, simulated 0.947 / 0.042 /
         # 0.010 / 0.001 (binomial 0.936 / 0.062 / 0.002 / 0)
-        rate = x * self.mean_full  # run chunks reaching a rank per second
+        rate = x * self.mean_full_chunks  # run chunks reaching a rank per second
         x_quiet, pi, own = 0.0, None, None
         for _ in range(4):
             length = iv * td + np.r_[x_quiet, x_run[1:]]
@@ -298,7 +300,7 @@ class LockstepSlots:
                 seen = pi[1:] * j[1:]
                 run_slot = float(np.sum(seen * length[1:] / own)) / max(float(seen.sum()),
                                                                           1e-300)
-                rate = x * (self.mean_full + self.merge.extra(x * run_slot))
+                rate = x * (self.mean_full_chunks + self.merge.extra(x * run_slot))
             births = (dp - j[:-1]) * rate * length[:-1]
             # a running rank's own arrivals queue behind its run and extend it (M/G/1 busy
             # period, mean run / (1 - its load in the slot)): one rank conserves work exactly
@@ -446,15 +448,15 @@ class SlotLaw:
     cdf of what the other ranks pack beside a lone run; the run chunks' height cdf (chunk
     weighted); the rate (requests/s per rank) and the grid it was evaluated at."""
 
-    mean_step: float
+    mean_step_s: float
     f_quiet: np.ndarray
     dy: float
     pi: np.ndarray
     births: np.ndarray
-    x_run: np.ndarray
+    run_slot_s: np.ndarray
     f_pieces: np.ndarray
     f_run: np.ndarray
-    rate: float
+    rate_per_rank_rps: float
     grid: SlotGrid
 
     @property

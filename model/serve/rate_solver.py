@@ -53,11 +53,12 @@ class SolvedRate:
         return self.prefill if isinstance(self.prefill, ThresholdPrefill) else None
 
 
-def solve_rate(eng: RankEngine, x: float, ca2: float, n_sessions: float | None,
-               warm: WarmStart) -> SolvedRate:
-    """Fixed point at per-rank request rate x (decode batch, step times, prefill queue);
-    `ca2`: squared coefficient of variation of the arrivals; `n_sessions`: a closed loop's
-    sessions per rank (None: open arrivals); `warm`: the last solve's landing."""
+def solve_rate(eng: RankEngine, rate_per_rank_rps: float, ca2: float,
+               sessions_per_rank: float | None, warm: WarmStart) -> SolvedRate:
+    """Fixed point at a per-rank request rate (decode batch, step times, prefill queue); `ca2`:
+    squared coefficient of variation of the arrivals; `sessions_per_rank`: a closed loop's
+    (None: open arrivals); `warm`: the last solve's landing."""
+    x, n_sessions = rate_per_rank_rps, sessions_per_rank
     bal = solve_balance(eng, x, warm)
     if bal.stable:
         warm = WarmStart(x, bal.decode_batch, warm.merged_share)

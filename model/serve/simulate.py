@@ -86,33 +86,40 @@ class _Rank:
         self.waiting: deque[int] = deque()
         self.prefilling: list[int] = []  # admitted, prompt not finished, in admission order
         self.decoding: list[int] = []
-        self.kv_used = 0.0
+        self.kv_used_tokens = 0.0
 
 
 class _Requests:
-    """Growable per-request arrays."""
+    """Growable per-request arrays: arrival, context, uncached, remaining prefill and output
+    tokens, tokens generated, first-token and finish times (NaN until then), lane."""
+
+    FIELDS = ("arrival_s", "context_tokens", "uncached_tokens", "remaining_tokens",
+              "output_tokens", "generated_tokens", "first_token_s", "finish_s", "lane")
+    UNSET = ("first_token_s", "finish_s")  # NaN until set
 
     def __init__(self, capacity: int = 1024) -> None:
-        self.n = 0
-        self._cap = 0
-        self._grow(capacity)
+        self.n, self._cap = 0, capacity
+        self.arrival_s, self.context_tokens = np.zeros(capacity), np.zeros(capacity)
+        self.uncached_tokens, self.remaining_tokens = np.zeros(capacity), np.zeros(capacity)
+        self.output_tokens, self.generated_tokens = np.zeros(capacity), np.zeros(capacity)
+        self.first_token_s, self.finish_s = np.full(capacity, np.nan), np.full(capacity, np.nan)
+        self.lane = np.zeros(capacity)
 
-    def _grow(self, cap: int) -> None:
-        fields = ("arrival", "ctx", "unc", "rem", "out", "gen", "first", "finish", "lane")
-        old = {f: getattr(self, f) for f in fields} if self._cap else {}
-        for f in fields:
-            arr = np.full(cap, np.nan) if f in ("first", "finish") else np.zeros(cap)
-            if f in old:
-                arr[: self._cap] = old[f]
+    def _grow(self) -> None:
+        cap = 2 * self._cap
+        for f in self.FIELDS:
+            arr = np.full(cap, np.nan) if f in self.UNSET else np.zeros(cap)
+            arr[: self._cap] = getattr(self, f)
             setattr(self, f, arr)
         self._cap = cap
 
-    def add(self, arrival, ctx, unc, out, lane) -> int:
+    def add(self, arrival_s, context_tokens, uncached_tokens, output_tokens, lane) -> int:
         if self.n == self._cap:
-            self._grow(2 * self._cap)
+            self._grow()
         i = self.n
-        self.arrival[i], self.ctx[i], self.unc[i], self.rem[i] = arrival, ctx, unc, unc
-        self.out[i], self.gen[i], self.lane[i] = out, 0.0, lane
+        self.arrival_s[i], self.context_tokens[i] = arrival_s, context_tokens
+        self.uncached_tokens[i] = self.remaining_tokens[i] = uncached_tokens
+        self.output_tokens[i], self.generated_tokens[i], self.lane[i] = output_tokens, 0.0, lane
         self.n += 1
         return i
 
@@ -141,8 +148,8 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
         raise ServecastError(f"simulate: duration_s: must be > 0, got {duration_s}")
     warmup_s = 0.2 * duration_s if warmup_s is None else warmup_s
     rng = np.random.default_rng(seed)
-    kv_cap = _kv_capacity(step_model, workload, hit_rate, load) / dp_ranks
-    sim = _Simulation(step_model, policy, load, dp_ranks, duration_s, kv_cap)
+    kv_tokens = _kv_capacity(step_model, workload, hit_rate, load) / dp_ranks
+    sim = _Simulation(step_model, policy, load, dp_ranks, duration_s, kv_tokens)
     if isinstance(load, ClosedLoop):
         if workload is None:
             raise ServecastError("simulate: a closed loop needs a workload")
@@ -158,8 +165,8 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     else:
         raise ServecastError(f"simulate: unknown load {type(load).__name__}")
     sim.run(max_steps, warmup_s)
-    if sim.counter >= max_steps and sim.t < duration_s:
-        raise ServecastError(f"simulate: max_steps: {max_steps:,} steps reached at {sim.t:,.0f} "
+    if sim.counter >= max_steps and sim.clock_s < duration_s:
+        raise ServecastError(f"simulate: max_steps: {max_steps:,} steps reached at {sim.clock_s:,.0f} "
                              f"s of duration_s {duration_s:,.0f} s; raise max_steps or shorten "
                              "the run")
     return sim.result(warmup_s)
@@ -179,20 +186,20 @@ class _Simulation:
     of (time, sequence, request)), closed-loop lanes and the per-step record."""
 
     def __init__(self, step_model, policy: EnginePolicy, load: Load, dp: int,
-                 duration_s: float, kv_cap: float) -> None:
+                 duration_s: float, kv_capacity_tokens: float) -> None:
         self.step_model, self.policy, self.load, self.dp = step_model, policy, load, dp
         self.duration_s = duration_s
         self.stop_s = 1.25 * duration_s  # the drain's limit (an unstable queue never drains)
-        self.kv_cap = kv_cap
+        self.kv_capacity_tokens = kv_capacity_tokens
         # MTP tokens per decode step
-        self.q = float(getattr(step_model, "tokens_per_decode_step", 1.0) or 1.0)
+        self.tokens_per_step = float(getattr(step_model, "tokens_per_decode_step", 1.0) or 1.0)
         self.reqs = _Requests()
         self.ranks = [_Rank() for _ in range(dp)]
         self.events: list[tuple[float, int, int]] = []
         self.seq = 0
         self.lanes: list[_Lane] = []
         self.pool = None
-        self.t, self.counter = 0.0, 0
+        self.clock_s, self.counter = 0.0, 0
         # per recorded step: end time, duration, steps it stands for, decodes, prefill tokens
         self.steps: tuple[list, ...] = ([], [], [], [], [])
 
@@ -236,15 +243,15 @@ class _Simulation:
         draining = None  # the measured requests still unfinished at duration_s
         reqs, ranks = self.reqs, self.ranks
         while self.counter < max_steps:
-            if self.t >= self.duration_s:
+            if self.clock_s >= self.duration_s:
                 if draining is None:
                     n = reqs.n
-                    draining = np.flatnonzero((reqs.arrival[:n] >= warmup_s)
-                                              & (reqs.arrival[:n] < self.duration_s)
-                                              & np.isnan(reqs.finish[:n]))
-                if self.t >= self.stop_s or not np.isnan(reqs.finish[draining]).any():
+                    draining = np.flatnonzero((reqs.arrival_s[:n] >= warmup_s)
+                                              & (reqs.arrival_s[:n] < self.duration_s)
+                                              & np.isnan(reqs.finish_s[:n]))
+                if self.clock_s >= self.stop_s or not np.isnan(reqs.finish_s[draining]).any():
                     break
-            while self.events and self.events[0][0] <= self.t:
+            while self.events and self.events[0][0] <= self.clock_s:
                 _, _, i = heapq.heappop(self.events)
                 ranks[int(reqs.lane[i]) % self.dp].waiting.append(i)
             prefill_step = self.counter % self.policy.prefill_schedule_interval == 0
@@ -257,10 +264,10 @@ class _Simulation:
                 continue
             plans = [self._compose(r, prefill_step) for r in ranks]
             n_jump, dt = self._jump(plans)
-            self.t += dt * n_jump
+            self.clock_s += dt * n_jump
             self.counter += n_jump
             for record, value in zip(self.steps, (
-                    self.t, dt, n_jump, sum(len(dec) for dec, _ in plans),
+                    self.clock_s, dt, n_jump, sum(len(dec) for dec, _ in plans),
                     sum(c for _, ch in plans for _, c in ch)), strict=True):
                 record.append(value)
             for r, plan in zip(ranks, plans, strict=True):
@@ -278,14 +285,14 @@ class _Simulation:
             return False
         nxt = self.events[0][0]
         cap_s = getattr(self.load, "idle_cap_s", None)
-        if self.lanes and cap_s is not None and nxt - self.t > cap_s and not any(
+        if self.lanes and cap_s is not None and nxt - self.clock_s > cap_s and not any(
                 r.decoding or r.prefilling or r.waiting for r in ranks):
-            shift = nxt - self.t - cap_s
+            shift = nxt - self.clock_s - cap_s
             self.events = [(e - shift, s_, j) for e, s_, j in self.events]
             for _, _, j in self.events:
-                self.reqs.arrival[j] -= shift
+                self.reqs.arrival_s[j] -= shift
             nxt -= shift
-        self.t = max(self.t, nxt)
+        self.clock_s = max(self.clock_s, nxt)
         return True
 
     def _compose(self, r: _Rank, prefill_step: bool) -> tuple[list, list]:
@@ -299,19 +306,19 @@ class _Simulation:
             for i in r.prefilling:
                 if budget <= 0:
                     break
-                c = min(reqs.rem[i], cap, budget)
+                c = min(reqs.remaining_tokens[i], cap, budget)
                 chunks.append((i, c))
                 budget -= c
             while (r.waiting and budget > 0
                    and len(r.decoding) + len(r.prefilling) < self.policy.max_num_seqs):
                 i = r.waiting[0]
-                need = reqs.ctx[i] + reqs.out[i]
-                if r.kv_used + need > self.kv_cap and (r.decoding or r.prefilling):
+                need = reqs.context_tokens[i] + reqs.output_tokens[i]
+                if r.kv_used_tokens + need > self.kv_capacity_tokens and (r.decoding or r.prefilling):
                     break  # KV pool full: wait for a request to finish (no preemption)
                 r.waiting.popleft()
                 r.prefilling.append(i)
-                r.kv_used += need
-                c = min(reqs.rem[i], cap, budget)
+                r.kv_used_tokens += need
+                c = min(reqs.remaining_tokens[i], cap, budget)
                 chunks.append((i, c))
                 budget -= c
         return dec, chunks
@@ -320,23 +327,23 @@ class _Simulation:
         """(steps, step duration): the slowest rank's step (DP lock-step); a decode-only
         stretch runs as one jump to the next completion, arrival or prefill slot, at its mean
         context (contexts grow by q per step)."""
-        reqs, q, interval = self.reqs, self.q, self.policy.prefill_schedule_interval
+        reqs, q, interval = self.reqs, self.tokens_per_step, self.policy.prefill_schedule_interval
         n_jump = 1
         if all(not chunks for _, chunks in plans):
-            left = min(float(np.min(reqs.out[d] - reqs.gen[d])) for d in
+            left = min(float(np.min(reqs.output_tokens[d] - reqs.generated_tokens[d])) for d in
                        (np.asarray(dec) for dec, _ in plans if dec))
             n_jump = max(int(np.ceil(left / q)), 1)
             if self.events:
                 dt0 = _rank_times(self.step_model, reqs, plans, self.dp, 0.0)
-                n_jump = min(n_jump, max(int(np.ceil((self.events[0][0] - self.t) / dt0)), 1))
+                n_jump = min(n_jump, max(int(np.ceil((self.events[0][0] - self.clock_s) / dt0)), 1))
             if any(r.prefilling or r.waiting for r in self.ranks):
                 n_jump = min(n_jump, (-self.counter) % interval or interval)
         dt = _rank_times(self.step_model, reqs, plans, self.dp, q * (n_jump - 1) / 2.0)
         if dt <= 0 or not np.isfinite(dt):
             raise ServecastError(f"simulate: step model returned a step time of {dt} s")
         if n_jump > 1:
-            end = self.duration_s if self.t < self.duration_s else self.stop_s
-            n_jump = min(n_jump, max(int(np.ceil((end - self.t) / dt)), 1))
+            end = self.duration_s if self.clock_s < self.duration_s else self.stop_s
+            n_jump = min(n_jump, max(int(np.ceil((end - self.clock_s) / dt)), 1))
         return n_jump, dt
 
     def _apply(self, r: _Rank, plan, n_jump: int) -> None:
@@ -346,16 +353,16 @@ class _Simulation:
         finished = []
         if dec:
             d = np.asarray(dec)
-            reqs.gen[d] += n_jump * self.q
-            fin = d[reqs.gen[d] >= reqs.out[d]]
+            reqs.generated_tokens[d] += n_jump * self.tokens_per_step
+            fin = d[reqs.generated_tokens[d] >= reqs.output_tokens[d]]
             finished.extend(fin.tolist())
         for i, c in chunks:
-            reqs.rem[i] -= c
-            if reqs.rem[i] <= 0:
+            reqs.remaining_tokens[i] -= c
+            if reqs.remaining_tokens[i] <= 0:
                 r.prefilling.remove(i)
-                reqs.first[i] = self.t
-                reqs.gen[i] = 1.0  # the last prefill chunk samples the first token
-                if reqs.out[i] <= 1:
+                reqs.first_token_s[i] = self.clock_s
+                reqs.generated_tokens[i] = 1.0  # the last prefill chunk samples the first token
+                if reqs.output_tokens[i] <= 1:
                     finished.append(i)
                 else:
                     r.decoding.append(i)
@@ -363,8 +370,8 @@ class _Simulation:
             fin_set = set(finished)
             r.decoding = [i for i in r.decoding if i not in fin_set]
             for i in finished:
-                reqs.finish[i] = self.t
-                r.kv_used -= reqs.ctx[i] + reqs.out[i]
+                reqs.finish_s[i] = self.clock_s
+                r.kv_used_tokens -= reqs.context_tokens[i] + reqs.output_tokens[i]
                 if self.lanes:
                     self._next_turn(i)
 
@@ -379,23 +386,23 @@ class _Simulation:
             st.session, st.turn = self.pool.next(), 0
         ctx, unc, out, gap = st.session
         k = st.turn
-        arrive = self.t + (min(float(gap[k]), self.load.gap_cap_s) if k > 0 else 0.0)
+        arrive = self.clock_s + (min(float(gap[k]), self.load.gap_cap_s) if k > 0 else 0.0)
         self._push(arrive, reqs.add(arrive, ctx[k], unc[k], out[k], lane))
 
     def result(self, warmup_s: float) -> SimResult:
         reqs, duration_s = self.reqs, self.duration_s
         n = reqs.n
-        arrival, finish = reqs.arrival[:n], reqs.finish[:n]
+        arrival, finish = reqs.arrival_s[:n], reqs.finish_s[:n]
         measured = (arrival >= warmup_s) & (arrival < duration_s)
         sel = measured & np.isfinite(finish)
-        window = max(min(self.t, duration_s) - warmup_s, 1e-12)
+        window = max(min(self.clock_s, duration_s) - warmup_s, 1e-12)
         # throughput counts requests finishing inside the window (arrivals before warmup
         # included)
         done_in = (finish >= warmup_s) & (finish < duration_s)
-        first = measured & np.isfinite(reqs.first[:n])
-        ttft = reqs.first[:n][first] - arrival[first]
-        multi = sel & (reqs.out[:n] > 1)
-        tpot = (finish[multi] - reqs.first[:n][multi]) / (reqs.out[:n][multi] - 1)
+        first = measured & np.isfinite(reqs.first_token_s[:n])
+        ttft = reqs.first_token_s[:n][first] - arrival[first]
+        multi = sel & (reqs.output_tokens[:n] > 1)
+        tpot = (finish[multi] - reqs.first_token_s[:n][multi]) / (reqs.output_tokens[:n][multi] - 1)
         steps_t, steps_dt, steps_n, steps_dec, steps_pre = self.steps
         ends = np.asarray(steps_t)
         keep = (ends >= warmup_s) & (ends - np.asarray(steps_dt) * np.asarray(steps_n)
@@ -404,9 +411,9 @@ class _Simulation:
         step_s = np.repeat(np.asarray(steps_dt)[keep], reps)
         return SimResult(
             ttft_s=ttft, tpot_s=tpot, e2e_s=finish[sel] - arrival[sel],
-            e2e_output_tokens=reqs.out[:n][sel].astype(float),
-            context_tokens=reqs.ctx[:n][done_in], uncached_tokens=reqs.unc[:n][done_in],
-            output_tokens=reqs.out[:n][done_in], step_s=step_s,
+            e2e_output_tokens=reqs.output_tokens[:n][sel].astype(float),
+            context_tokens=reqs.context_tokens[:n][done_in], uncached_tokens=reqs.uncached_tokens[:n][done_in],
+            output_tokens=reqs.output_tokens[:n][done_in], step_s=step_s,
             step_decodes=np.repeat(np.asarray(steps_dec, float)[keep], reps),
             step_prefill_tokens=np.repeat(np.asarray(steps_pre, float)[keep], reps),
             duration_s=window, gpus=int(getattr(self.step_model, "gpus", 1)),
@@ -414,7 +421,7 @@ class _Simulation:
             unfinished=int(np.count_nonzero(measured & ~np.isfinite(finish))))
 
 
-def _rank_times(step_model, reqs: _Requests, plans, dp: int, ctx_offset: float) -> float:
+def _rank_times(step_model, reqs: _Requests, plans, dp: int, context_offset_tokens: float) -> float:
     """Step time of the lock-stepped ranks. Attention, dense layers and sends run per rank, so
     the busiest rank's prefill sets them (`prefill_ranks` = total / busiest); the expert group
     sees every rank's tokens (the replica totals)."""
@@ -422,14 +429,14 @@ def _rank_times(step_model, reqs: _Requests, plans, dp: int, ctx_offset: float) 
     total = float(p_tok.sum())
     n_dec = float(sum(len(dec) for dec, _ in plans))
     decs = [i for dec, _ in plans for i in dec]
-    d_ctx = float(np.mean(reqs.ctx[decs] + reqs.gen[decs])) + ctx_offset if decs else 0.0
+    d_ctx = float(np.mean(reqs.context_tokens[decs] + reqs.generated_tokens[decs])) + context_offset_tokens if decs else 0.0
     if total <= 0:
         return float(step_model.step_time_s(0.0, 0.0, n_dec, d_ctx, 1.0))
     busy = int(np.argmax(p_tok))
     chunks = plans[busy][1]
     ids = np.fromiter((i for i, _ in chunks), int, len(chunks))
     cs = np.fromiter((c for _, c in chunks), float, len(chunks))
-    done = reqs.ctx[ids] - reqs.rem[ids]
+    done = reqs.context_tokens[ids] - reqs.remaining_tokens[ids]
     p_ctx = float(np.sum(cs * (done + cs)) / cs.sum())  # the busiest rank's end-of-chunk context
     ranks = total / p_tok[busy]
     return float(step_model.step_time_s(total, p_ctx, n_dec, d_ctx, ranks * len(chunks),

@@ -75,8 +75,9 @@ class StepBalance:
         return interval * (np.maximum(self.runs.chunks, 1.0) - 1.0) + 1.0
 
 
-def solve_balance(eng: RankEngine, x: float, warm: WarmStart) -> StepBalance:
-    """Decode batch <-> step time fixed point at x requests/s per rank, from `warm`'s guess."""
+def solve_balance(eng: RankEngine, rate_per_rank_rps: float, warm: WarmStart) -> StepBalance:
+    """Decode batch <-> step time fixed point at `rate_per_rank_rps` (x), from `warm`'s guess."""
+    x = rate_per_rank_rps
     b = max(x * eng.mean_decode_steps * eng.decode_step_s(1.0), 0.0)
     if warm.rate_per_rank_rps > 0:  # warm start from the nearest rate solved before
         b = warm.decode_batch * x / warm.rate_per_rank_rps
@@ -111,7 +112,8 @@ def _with_batch(bal: StepBalance, b: float) -> StepBalance:
 
 
 def _balance_at(eng: RankEngine, x: float, b: float) -> StepBalance:
-    """The step times at decode batch b: each request's chunks and extension, the mean step."""
+    """The step times at x requests/s per rank and decode batch b: each request's chunks and
+    extension, the mean step."""
     pol = eng.policy
     cap, interval = pol.chunk_cap, pol.prefill_schedule_interval
     c_free = max(float(pol.max_num_batched_tokens) - b, 1.0)
@@ -135,7 +137,8 @@ def _balance_at(eng: RankEngine, x: float, b: float) -> StepBalance:
     return StepBalance(x, b, td, tbar, rate, c_free, runs, slots, grid, shared)
 
 
-def solve_mean_step(x, mean_chunks, mean_extension_s, td, interval, dp, fcfs,
+def solve_mean_step(rate_per_rank_rps: float, mean_chunks: float, mean_extension_s: float,
+                    decode_step_s: float, interval: int, dp: int, fcfs: bool,
                     slots: LockstepSlots | None = None, shared: AdmittingStep | None = None):
     """(mean step, slot grid): the mean engine step T = T_d + the prefill extension per step,
     where any lock-stepped rank's prefill slows every rank (unaligned: 1 - (1 - p)^dp of steps;
@@ -144,13 +147,13 @@ def solve_mean_step(x, mean_chunks, mean_extension_s, td, interval, dp, fcfs,
     dp > 1 ranks: `shared`). Fixed point in the step time itself, by secant (exact in one step
     where the map is linear, as with one rank), plain iteration as the fallback."""
     tol = 1e-9 if slots is None else 1e-5  # the slot picture lives on a grid
-    mean_k, mean_e = mean_chunks, mean_extension_s
+    x, td, mean_k, mean_e = rate_per_rank_rps, decode_step_s, mean_chunks, mean_extension_s
 
     def g(tbar: float, kept):
         """One map of the fixed point, with what it kept (the slot grid, the counts table)."""
         if slots is not None:
             law = slots.law(x, tbar, kept)
-            return law.mean_step, law.grid
+            return law.mean_step_s, law.grid
         if fcfs:  # one prefill at a time per rank, its chunks fill the budget: equal heights
             p_rank = min(x * mean_k * tbar * interval, 1.0)
             per_slot = x * mean_e * tbar * interval / max(p_rank, 1e-12)  # extension | busy

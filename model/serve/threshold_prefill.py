@@ -62,8 +62,8 @@ class ThresholdPrefill:
     shared_steps_mean_s: float = 0.0
 
 
-def solve_threshold(eng: RankEngine, bal: StepBalance, ca2: float, n_sessions: float | None
-                    ) -> tuple[ThresholdPrefill | None, float]:
+def solve_threshold(eng: RankEngine, bal: StepBalance, ca2: float,
+                    sessions_per_rank: float | None) -> tuple[ThresholdPrefill | None, float]:
     """The threshold part at the balanced steps: (its part of the state, or None past the
     slots' saturation; the token load of the admitting steps)."""
     x, td, tbar = bal.rate_per_rank_rps, bal.decode_step_s, bal.mean_step_s
@@ -81,7 +81,7 @@ def solve_threshold(eng: RankEngine, bal: StepBalance, ca2: float, n_sessions: f
     if rho_tok >= 1.0:
         return None, rho_tok
     # below that the slot chain is stable (its load is rho_tok)
-    wait = _slot_wait(eng, bal, base, extra, n_sessions)
+    wait = _slot_wait(eng, bal, base, extra, sessions_per_rank)
     pick = np.linspace(0, len(k) - 1, min(len(k), 1500)).astype(int)
     kk = np.maximum(k[pick], 1.0) * interval  # others' runs span k * interval steps
     # lock-stepped ranks wait for the slowest, so the others' runs add up to the mean step's
@@ -93,7 +93,8 @@ def solve_threshold(eng: RankEngine, bal: StepBalance, ca2: float, n_sessions: f
     pile = BusiestPile(float(ext.mean()) / max(float(k.mean()), 1e-12),
                        x * float(k.mean()) * tbar * interval, dp) if dp > 1 else None
     return ThresholdPrefill(base, extra, wait.mean,
-                            (ca2 + 1.0) / 2.0 if n_sessions is None else 1.0, shots, dp == 1,
+                            (ca2 + 1.0) / 2.0 if sessions_per_rank is None else 1.0, shots,
+                            dp == 1,
                             pile, wait), rho_tok
 
 
@@ -109,8 +110,8 @@ def _in_flight_s(bal: StepBalance, dp: int) -> float:
     return busy * (td * td + 2.0 * td * (tbar - td) + ext2) / (2.0 * tbar)
 
 
-def _slot_wait(eng: RankEngine, bal: StepBalance, base: np.ndarray, extra: float,
-               n_sessions: float | None) -> SlotWait:
+def _slot_wait(eng: RankEngine, bal: StepBalance, base_s: np.ndarray, extra_s: float,
+               sessions_per_rank: float | None) -> SlotWait:
     """The wait for a prefill slot (model.serve.slot_queue). A prompt holds one for its k
     admitting steps; the budget holds free / E[u] * E[k] of them, which saturates where the
     prompts' tokens fill it (a last partial chunk leaves its room to the next prompt). In a
@@ -120,11 +121,11 @@ def _slot_wait(eng: RankEngine, bal: StepBalance, base: np.ndarray, extra: float
     held = k * eng.policy.prefill_schedule_interval * tbar
     slots = bal.free_tokens * float(k.mean()) / max(float(eng.sample.uncached_tokens.mean()),
                                                     1e-12)
-    if n_sessions is None:
+    if sessions_per_rank is None:
         return slot_wait(slots, held, x)
     outside = float(eng.sample.gap_s.mean()) + eng.admitted_time_s(
-        float(base.mean()), extra, tbar) - float(held.mean())
-    return slot_wait(slots, held, x, n_sessions, max(outside, 1e-9))
+        float(base_s.mean()), extra_s, tbar) - float(held.mean())
+    return slot_wait(slots, held, x, sessions_per_rank, max(outside, 1e-9))
 
 
 def run_excitation(mean_step_s: float, decode_step_s: float, gaps_s: np.ndarray | None,

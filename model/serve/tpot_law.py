@@ -98,10 +98,12 @@ class TpotLaw:
         return window_law(self.shots, window_steps, self.batch_var[window_steps], queued)
 
 
-def tpot_law(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | None, ttft_dist,
-             decode_step_seen_s: float) -> TpotLaw:
-    """The TPOT law at `st` (x requests/s per rank; `n_rank` a closed loop's sessions per rank,
-    None for open arrivals), the FCFS backlog read off the TTFT law `ttft_dist` (grid, pmf)."""
+def tpot_law(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
+             sessions_per_rank: float | None, ttft_dist, decode_step_seen_s: float) -> TpotLaw:
+    """The TPOT law at `st` (`sessions_per_rank`: a closed loop's, None for open arrivals), the
+    FCFS backlog read off the TTFT law `ttft_dist` (grid, pmf), TPOT measured from the decode
+    step a decoding request sees."""
+    x, n_rank = rate_per_rank_rps, sessions_per_rank
     w = eng.decode_steps[eng.decode_steps >= 1]
     if len(w) == 0:
         return TpotLaw((), decode_step_seen_s, None, None, None)
@@ -122,9 +124,10 @@ def tpot_law(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | None, tt
                    backlog)
 
 
-def _window_shots(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | None
-                  ) -> WindowShots:
+def _window_shots(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
+                  sessions_per_rank: float | None) -> WindowShots:
     """The shots every window bin's law shares (see WindowShots)."""
+    x, n_rank = rate_per_rank_rps, sessions_per_rank
     bal, iv, thr = st.balance, eng.policy.prefill_schedule_interval, st.threshold
     td, tbar, ext = bal.decode_step_s, bal.mean_step_s, bal.runs.extension_s
     lam = eng.dp * x * tbar  # prefill runs started per step, all ranks (lock-step)
@@ -180,13 +183,16 @@ def _window_shots(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | Non
                        chain, slot_law is not None, iv)
 
 
-def _start_bias(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | None, heights,
-                k, floor: float) -> np.ndarray:
-    """Per run, how much likelier a window starts in one of its steps than in a mean step.
+def _start_bias(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
+                sessions_per_rank: float | None, heights_s: np.ndarray, steps: np.ndarray,
+                floor_s: float) -> np.ndarray:
+    """Per run (of `steps` steps extended by `heights_s`), how much likelier a window starts in one of its steps than in a mean step.
     Windows start when a prefill completes. With a threshold, prefills complete uniformly in
     time, so a step extended by h is (T + h) / T as likely to hold a window start; without one
     (FCFS on the budget) nothing completes while a prefill holds the budget, so only the other
     lock-stepped ranks' prefills, a 1 - 1/dp share, complete (and start windows) inside a run."""
+    x, n_rank, heights, k, floor = (rate_per_rank_rps, sessions_per_rank, heights_s, steps,
+                                    floor_s)
     td, tbar = st.decode_step_s, st.mean_step_s
     bias = 1.0 + heights / tbar
     if st.fcfs is not None and st.fcfs.slot_law is not None:
@@ -213,11 +219,12 @@ def _start_bias(eng: RankEngine, st: SolvedRate, x: float, n_rank: float | None,
     return bias
 
 
-def window_law(shots: WindowShots, win: float, vb: float, queued) -> tuple[np.ndarray,
-                                                                            np.ndarray]:
-    """(y, pmf) of the extension a window of `win` steps sees, `vb` the variance of its
-    window-averaged decode batch, `queued` the FCFS backlog when it opens (`_fcfs_backlog`, or a
-    slice of it)."""
+def window_law(shots: WindowShots, window_steps: float, batch_var: float, queued
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(y, pmf) of the extension a window of `window_steps` steps sees, `batch_var` the variance
+    of its window-averaged decode batch, `queued` the FCFS backlog when it opens
+    (`_fcfs_backlog`, or a slice of it)."""
+    win, vb = window_steps, batch_var
     lam, heights, k, chain = shots.rate_per_step, shots.heights_s, shots.steps, shots.chain
     mean_y = lam * win * float((heights * k).mean())
     var_y = float(shot_noise_var(lam, heights, k, np.array([win]))[0])
@@ -256,24 +263,25 @@ def window_law(shots: WindowShots, win: float, vb: float, queued) -> tuple[np.nd
     return y, pmf
 
 
-def lockstep_masked(pmf: np.ndarray, y: np.ndarray, win: float, interval: int, c: float,
-                    dp: int, headroom: float, slot: AdmittingStep | None = None
-                    ) -> tuple[np.ndarray, float]:
-    """(pmf, dy) of the extension a window of `win` steps sees on lock-stepped ranks, from the
-    pmf of the runs' unscaled sum Y on grid `y`. Y holds S = Y interval / (win c) chunks of
-    extension c per admitting step, all ranks together, spread over the dp ranks as sticky
+def lockstep_masked(pmf: np.ndarray, y_s: np.ndarray, window_steps: float, interval: int,
+                    chunk_extension_s: float, dp: int, headroom_s: float,
+                    slot: AdmittingStep | None = None) -> tuple[np.ndarray, float]:
+    """(pmf, dy) of the extension a window of `window_steps` (win) steps sees on lock-stepped
+    ranks, from the pmf of the runs' unscaled sum Y on grid `y_s`. Y holds
+    S = Y interval / (win c) chunks of extension c = `chunk_extension_s` per admitting step, all ranks together, spread over the dp ranks as sticky
     sessions spread them (uniformly); the step waits for the busiest rank, so the window sees
     (win / interval) c E[most of S chunks on one rank]: Y for a lone run, far less for many.
     Rebinned on a uniform grid with `headroom` left for the batch noise. Over a Poisson S this
     is the max the mean step takes (model.serve.step_balance.solve_mean_step). `slot`
     (model.serve.busiest_rank.AdmittingStep, or None: c per chunk on the busiest rank) prices
     the step."""
+    y, win, c = y_s, window_steps, chunk_extension_s
     chunks = y * interval / (win * max(c, 1e-300))
     if slot is None:
         seen = expected_max_occupancy(chunks, dp) * win * c / interval
     else:
         seen = slot.spread(chunks) * win / interval
-    dy = max((float(seen[-1]) + headroom) / TPOT_GRID, 1e-300)
+    dy = max((float(seen[-1]) + headroom_s) / TPOT_GRID, 1e-300)
     out = np.bincount(np.minimum((seen / dy + 0.5).astype(int), TPOT_GRID - 1), pmf,
                       minlength=TPOT_GRID)
     return out, dy
@@ -316,8 +324,8 @@ def _window_bins(w: np.ndarray):
     return np.array(reps), np.array(weights, float)
 
 
-def _fcfs_backlog(st: SolvedRate, x: float, ttft_dist, n_rank: float | None,
-                  points: int = 48):
+def _fcfs_backlog(st: SolvedRate, rate_per_rank_rps: float, ttft_dist,
+                  sessions_per_rank: float | None, points: int = 48):
     """FCFS: the prompts queued behind one when its prefill ends, which its decode window then
     sees prefilled: those who arrived on its rank during its sojourn (arrival to first token),
     Poisson of mean x T over the TTFT law (M/G/1: a departure leaves behind the arrivals during
@@ -327,11 +335,11 @@ def _fcfs_backlog(st: SolvedRate, x: float, ttft_dist, n_rank: float | None,
     cdf = np.cumsum(pmf) / max(float(pmf.sum()), 1e-300)
     qs = (np.arange(points) + 0.5) / points
     t = quantiles_from_cdf(cdf, grid, qs)
-    means = x * t
+    means = rate_per_rank_rps * t
     if st.session_gaps_s is not None:  # closed loop: who arrives stays queued, so long
         means = means * arrivals_kept(st.session_gaps_s, t)  # sojourns thin
-    if n_rank:  # ... and the arrivals are the other sessions' (this one is in the system)
-        means = means * max(1.0 - 1.0 / n_rank, 0.0)
+    if sessions_per_rank:  # ... and the arrivals are the other sessions' (this one is in)
+        means = means * max(1.0 - 1.0 / sessions_per_rank, 0.0)
     return means, np.full(points, 1.0 / points), t
 
 
@@ -381,13 +389,14 @@ def mean_tpot_s(law: TpotLaw, st: SolvedRate) -> float:
     return sum(wt * m for _, wt, m in bins) / sum(wt for _, wt, _ in bins)
 
 
-def decode_step_seen_s(eng: RankEngine, st: SolvedRate, n_rank: float | None) -> float:
+def decode_step_seen_s(eng: RankEngine, st: SolvedRate, sessions_per_rank: float | None
+                       ) -> float:
     """The decode step a decoding request sees. The time-average batch b counts idle time; a
     request that decodes sees itself plus the others decoding (Palm expectation): 1 + b on its
     rank with Poisson arrivals, 1 + b (n - 1) / n with n closed-loop sessions on the rank (each
     decoding with probability b / n). At light load this is 1-2 sequences where b is below one.
     On lock-stepped DP ranks only the own rank carries the extra sequence: the step sees
     dp * b + 1 - b / n decodes in all (the table's per-rank batch b + (1 - b / n) / dp)."""
-    b = st.balance.decode_batch
+    b, n_rank = st.balance.decode_batch, sessions_per_rank
     extra = 1.0 - (b / n_rank if n_rank else 0.0)
     return max(eng.decode_step_s(b + max(extra, 0.0) / eng.dp), st.decode_step_s)
