@@ -108,7 +108,7 @@ class AdmittingStep:
         return _counts(self, max(2 * int(top) + 2, 64))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _counts(step: AdmittingStep, size: int) -> np.ndarray:
     n = np.arange(size, dtype=float)
     dp = step.eng.dp

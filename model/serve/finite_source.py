@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.serve.queueing import expected_min, mg1_wait_pmf, split_bins
+from model.serve.queueing import expected_min, mg1_wait_pmf, residual_mass, split_bins
 
 # earlier arrivals within the job in service: bins of Λ(y) (expected arrivals), each taken at
 # its mean in the Poisson count ahead
@@ -118,8 +118,7 @@ def _decoders_arrived(decode_s: np.ndarray, gaps: np.ndarray, edges: np.ndarray)
     """P(D + Z < t) at `edges`: D the rest of a decode in progress (its equilibrium residual,
     density P(W > y) / E[W]), Z a fresh idle gap."""
     n = len(edges) - 1
-    w = np.sort(decode_s)
-    resid = np.diff(expected_min(w, edges)) / max(float(w.mean()), 1e-300)
+    resid = residual_mass(np.sort(decode_s), edges)
     gap = np.diff(np.searchsorted(np.sort(gaps), edges, side="right")) / len(gaps)
     both = np.fft.irfft(np.fft.rfft(resid, 2 * n) * np.fft.rfft(gap, 2 * n), 2 * n)[:n]
     return np.r_[0.0, np.cumsum(np.maximum(both, 0.0))]

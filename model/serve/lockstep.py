@@ -34,7 +34,7 @@ from functools import cached_property
 import numpy as np
 from scipy.stats import binom
 
-from model.serve.queueing import expected_min
+from model.serve.queueing import arrivals_kept
 
 GRID = 4096
 
@@ -185,7 +185,7 @@ class LockstepSlots:
             return 1.0
         cycle = self.interval * self.decode_step_s + float(sl.run_slot_s[1])
         c = np.maximum(self.full_chunks[runs] * sl.stretch * cycle, 1e-12)  # cluster seconds
-        idle = np.minimum(expected_min(np.sort(np.asarray(gaps, float)), c) / c, 1.0)
+        idle = arrivals_kept(gaps, c)
         pace = self.interval * self.decode_step_s / cycle
         return float(np.sum(c * (idle + (1.0 - idle) * pace))) / max(float(c.sum()), 1e-300)
 

@@ -70,16 +70,21 @@ def mg1_wait_pmf(service_s, rho: float, dt: float, n: int) -> tuple[np.ndarray, 
         out[0] = 1.0
         return out, 0.0
     m = 2 * n  # zero padding keeps the circular sums from wrapping
-    edges = np.arange(n + 1) * dt
-    # the residual's mass in cell [i dt, (i + 1) dt), half to each end (at the left point the
-    # wait came out half a cell short)
-    resid = np.diff(expected_min(s, edges)) / s.mean()
+    # the residual's mass in cell [i dt, (i + 1) dt), half to each end (all at the left point
+    # the wait comes out half a cell short)
+    resid = residual_mass(s, np.arange(n + 1) * dt)
     resid = 0.5 * (resid + np.r_[0.0, resid[:-1]])
     resid = resid / max(resid.sum(), 1e-300)
     r_hat = np.fft.rfft(resid, m)
     w_hat = (1.0 - rho) / (1.0 - rho * r_hat)
     pmf = np.maximum(np.fft.irfft(w_hat, m)[:n], 0.0)
     return pmf / max(pmf.sum(), 1e-300), rho
+
+
+def residual_mass(sorted_s: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Mass of the equilibrium residual of a lifetime S (density P(S > y) / E[S]) in each cell
+    between `edges`, from its sorted sample."""
+    return np.diff(expected_min(sorted_s, edges)) / max(float(sorted_s.mean()), 1e-300)
 
 
 def split_bins(pos: np.ndarray, weights, n: int) -> np.ndarray:
