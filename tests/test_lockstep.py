@@ -96,7 +96,7 @@ def test_busiest_rank_of_whole_chunk_counts():
 
 
 def test_lockstep_window_sees_a_lone_run_whole_and_piles_masked():
-    # The TPOT window map (model.serve.tails._lockstep_masked): Y of one chunk's worth per
+    # The TPOT window map (model.serve.tpot_law.lockstep_masked): Y of one chunk's worth per
     # admitting step is one run, which no other rank masks; 3 chunks per admitting step cost
     # the busiest rank's E[max] = 696/512 chunks (counted above), not 3.
     from model.serve.tpot_law import TPOT_GRID, lockstep_masked
