@@ -4,8 +4,8 @@
 sequences) grid at the traffic's mean context, bilinear in log1p space; plans stack into one
 array, so every candidate of a search is a few numpy operations.
 
-`ExtensionTable` (full tier, model.serve.engine): the decode step over the decode batch, and the
-time a prefill chunk adds to a step over (decodes, chunk tokens, context) at the decode
+`ExtensionTable` (full tier, model.serve.rank_engine): the decode step over the decode batch,
+and the time a prefill chunk adds to a step over (decodes, chunk tokens, context) at the decode
 context, linear between grid points of geometric grids (step times affine in tokens are exact).
 Both read `step_time_s` of one step model; on lock-stepped DP ranks one rank carries the prefill
 and every rank its decodes (`lockstep_step_time_s`).

@@ -40,6 +40,7 @@ from model.serve.cache_replay import (
     stream_for,
 )
 from model.serve.queueing import expected_min
+from model.serve.request_mix import WorkloadKey
 from model.serve.routing import check_routing, route_replay
 from model.specs.errors import ServecastError
 
@@ -415,14 +416,15 @@ def hit_rate(workload_or_trace, capacity_tokens: float | Mapping[str, float],
                        pool_tokens)
 
 
-_samples: dict[tuple, SessionSample] = {}
-
-
 def _workload_sample(workload, seed: int, turn_time_s: float) -> SessionSample:
-    key = (getattr(workload, "name", id(workload)), id(workload), seed, turn_time_s)
-    if key not in _samples:
-        _samples[key] = sample_from_workload(workload, seed=seed, turn_time_s=turn_time_s)
-    return _samples[key]
+    """The profile's turn sample, drawn once per (workload, seed, turn time): the per-sample
+    curves cached on it serve every later call."""
+    return _sample(WorkloadKey.of(workload), seed, turn_time_s)
+
+
+@lru_cache(maxsize=32)
+def _sample(workload: WorkloadKey, seed: int, turn_time_s: float) -> SessionSample:
+    return sample_from_workload(workload.workload, seed=seed, turn_time_s=turn_time_s)
 
 
 def deployment_hit_rate(workload_or_trace, arch, hw, plan, concurrency: float | None = None,

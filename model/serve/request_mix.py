@@ -27,11 +27,17 @@ MIX_SESSIONS_FACTOR = 16  # draw 16x the requests, keep every 16th: 16x as many 
 
 
 @dataclass(frozen=True)
-class _Spec:
-    """A workload keyed by its JSON dump (pydantic models are not hashable)."""
+class WorkloadKey:
+    """A workload as a cache key: its JSON dump (pydantic models are not hashable), or its
+    identity for an object without one (the key holds it, so the identity stays its own)."""
 
-    key: str
+    key: object
     workload: object = field(compare=False)
+
+    @staticmethod
+    def of(workload) -> WorkloadKey:
+        dump = getattr(workload, "model_dump_json", None)
+        return WorkloadKey(dump() if dump is not None else ("id", id(workload)), workload)
 
 
 def request_mix_for(workload: Workload, n: int = MIX_SIZE, seed: int = 0,
@@ -42,8 +48,7 @@ def request_mix_for(workload: Workload, n: int = MIX_SIZE, seed: int = 0,
     cached part (as Workload.request_mix does). Deterministic, so each is drawn once."""
     thinned = _thinned_draw(workload)
     # other workloads: the queue sample is the sample itself (the same object)
-    return _mix(_Spec(workload.model_dump_json(), workload), n, seed, hit_rate,
-                queue and thinned)
+    return _mix(WorkloadKey.of(workload), n, seed, hit_rate, queue and thinned)
 
 
 def _thinned_draw(workload) -> bool:
@@ -51,7 +56,7 @@ def _thinned_draw(workload) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _mix(spec: _Spec, n: int, seed: int, hit_rate: float | None, queue: bool) -> RequestMix:
+def _mix(spec: WorkloadKey, n: int, seed: int, hit_rate: float | None, queue: bool) -> RequestMix:
     workload = spec.workload
     if hit_rate is not None and not isinstance(workload, Workload):
         return workload.request_mix(n, seed, hit_rate)  # a recorded trace refuses, with why
