@@ -14,7 +14,7 @@ ep: int = 8  # expert parallel degree
 tp: int = 1  # tensor parallel degree
 workload: str = "agentx"  # workload profile
 long_prefill_token_threshold: int = 512  # the threshold compared against 0 (off)
-max_num_batched_tokens: int = 8192  # token budget per engine step
+max_num_batched_tokens: int = 0  # token budget per engine step; 0: the engine default
 prefill_schedule_interval: int = 8  # prefill every Nth step, aligned across DP ranks (InferenceX DSv4 DEP lane: 8)
 slo_p90_interactivity: float = 50.0  # tok/s per user that 90% of requests must reach
 concurrencies: list = [8, 16, 32, 64, 128, 256]  # closed-loop sessions swept per replica
@@ -50,10 +50,13 @@ import numpy as np
 import pandas as pd
 
 from model.frontends import charts, nbio
-from model.serve.policy import EnginePolicy
 from model.serve.engine import AffineStepModel, threshold_effect
+from model.serve.policy import EnginePolicy
 from model.serve.simulate import simulate
+from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from model.specs.workload import ClosedLoop, load_workload
+
+budget = max_num_batched_tokens or MAX_NUM_BATCHED_TOKENS
 
 if reference_step_model:
     step = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
@@ -64,8 +67,7 @@ else:
 
     step = step_model(arch, hardware, ParallelPlan(tp=tp, dp=dp, ep=ep))  # served per recipe
 w = load_workload(workload)
-policy = EnginePolicy(max_num_batched_tokens, 256, 0,
-                      prefill_schedule_interval if dp > 1 else 1)
+policy = EnginePolicy(budget, MAX_NUM_SEQS, 0, prefill_schedule_interval if dp > 1 else 1)
 effect = threshold_effect(step, w, policy, threshold=long_prefill_token_threshold,
                           slo_p90_interactivity=slo_p90_interactivity,
                           concurrencies=[int(c) for c in concurrencies],
@@ -127,7 +129,7 @@ ttft = alt.Chart(ok).mark_line(point=True).encode(
 figure = charts.titled(
     alt.hconcat(front + rule, ttft), f"{arch if not reference_step_model else 'reference'} on "
     f"{hardware}: {verdict}",
-    f"{workload} traffic, {max_num_batched_tokens}-token steps, dp{dp}; each point one "
+    f"{workload} traffic, {budget}-token steps, dp{dp}; each point one "
     "closed-loop concurrency (model.serve.engine)")
 charts.save(figure, Path(output_dir) / "threshold_front")
 figure

@@ -47,7 +47,7 @@ def test_closed_form_reaches_the_infinite_hit(sample):
 def test_closed_form_tracks_replay_above_a_few_sessions_of_kv(stream, sample):
     # Same trace, same inputs (contexts, infinite-cache misses, gaps, live sessions): from 316K
     # tokens (about two sessions' context) to 10M the Che form is within 0.05 of the exact
-    # replay at every point and 0.012 on average (measured; notebook cache_hit). Below that it
+    # replay at every point and 0.012 on average (notebook cache_hit). Below that it
     # is pessimistic: it misses the prefix heads that survive between bursts.
     n = cache_model.effective_sessions(stream)
     assert n == pytest.approx(7.06, abs=0.01)

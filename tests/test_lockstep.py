@@ -5,22 +5,21 @@ import pytest
 
 from model.serve.lockstep import LockstepSlots
 from model.serve.queueing import expected_max_poisson
+from model.serve.step_balance import solve_mean_step
 
 
 def test_one_rank_is_the_work_conservation_law():
     # One rank: every extension is paid once, so the mean step solves t = td + x t E[ext]
     # whatever the mix of runs and short prompts (research/theory.md 1.1: the mean step is the
     # decode step plus the prefill work per step), t = td / (1 - x E[ext]).
-    from model.serve.engine import _mean_step
-
     rng = np.random.default_rng(0)
     full = rng.integers(0, 4, 3000).astype(float)
     full_ext = np.where(full > 0, rng.uniform(0.2, 1.0, 3000), 0.0)
     last = rng.uniform(0.0, 0.05, 3000)
-    slots = LockstepSlots(full, full_ext, last, td=0.02, interval=1, dp=1)
+    slots = LockstepSlots(full, full_ext, last, decode_step_s=0.02, interval=1, dp=1)
     x = 0.5
     expected = 0.02 / (1.0 - x * float(np.mean(full * full_ext + last)))
-    got = _mean_step(x, 0.0, 0.0, 0.02, 1, 1, True, slots)
+    got, _ = solve_mean_step(x, 0.0, 0.0, 0.02, 1, 1, True, slots)
     assert got == pytest.approx(expected, rel=1e-4)
 
 
@@ -34,18 +33,19 @@ def test_runs_on_two_ranks_cluster_as_the_birth_death_chain_says():
     # would give t = td + (2t - t^2) h, i.e. 0.2 s: runs that start while another holds the
     # slots overlap it and cost nothing more.
     n = 1000
-    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2)
+    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), decode_step_s=0.02,
+                          interval=1, dp=2)
     assert slots.mean_step(1.0, 0.05) == pytest.approx(0.076923, rel=1e-3)
     # the expert group sees both chunks: 40 ms more when two ranks run (L(2) = 0.56 s). By
     # hand: pi2 / pi1 = 0.52 / (2 x 0.44), pi = (0.882943, 0.073579, 0.043478), mean step
     # 0.02 + 0.073579 x 0.5 + 0.043478 x 0.54 = 0.080268 s
-    shared = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2,
-                           shared=np.array([0.0, 0.0, 0.04]))
+    shared = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), decode_step_s=0.02,
+                           interval=1, dp=2, shared_s=np.array([0.0, 0.0, 0.04]))
     assert shared.mean_step(1.0, 0.05) == pytest.approx(0.080268, rel=1e-3)
     # what a running rank's slot holds above its own chunk: with equal chunks only the expert
     # share, when the other runs too (J seen size-biased): 2 pi2 x 0.04 / (pi1 + 2 pi2)
     # = 0.086956 x 0.04 / 0.160535 = 0.021667 s
-    assert shared.others_above_own(1.0, 0.05) == pytest.approx(0.021667, rel=1e-2)
+    assert shared.others_above_own(shared.law(1.0, 0.05)) == pytest.approx(0.021667, rel=1e-2)
 
 
 def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
@@ -55,29 +55,27 @@ def test_short_prompts_on_eight_ranks_pay_the_busiest_rank():
     # model.serve.engine.expected_max_poisson), spread over `interval` steps. At the fixed point the
     # slot is interval x the mean step t, so t = td + h E[max of 8 Poisson(x t interval)] /
     # interval, solved here by plain iteration.
-    from model.serve.engine import _mean_step
-
     n, h, td, iv, x = 2000, 0.1, 0.02, 8, 0.3
-    slots = LockstepSlots(np.zeros(n), np.zeros(n), np.full(n, h), td=td, interval=iv, dp=8)
+    slots = LockstepSlots(np.zeros(n), np.zeros(n), np.full(n, h), decode_step_s=td, interval=iv, dp=8)
     t = td
     for _ in range(200):
         t = td + h * expected_max_poisson(x * t * iv, 8) / iv
-    assert _mean_step(x, 0.0, 0.0, td, iv, 8, True, slots) == pytest.approx(t, rel=0.02)
+    assert solve_mean_step(x, 0.0, 0.0, td, iv, 8, True, slots)[0] == pytest.approx(t, rel=0.02)
 
 
 def test_own_chunk_masks_the_other_ranks_below_it():
     # E[max(h + c N0, c M)] - h with N0 ~ Poisson(m) on the own rank and M the most of the
     # other ranks' Poisson(m) counts: the three limits have closed answers.
-    from model.serve.tails import _others_above
+    from model.serve.busiest_rank import others_above
 
     c, m = 0.1, 0.7
     # one rank: nothing to mask, the own rank's other chunks add c m
-    assert _others_above(np.array([0.0, 1.0]), c, m, 1) == pytest.approx([c * m, c * m])
+    assert others_above(np.array([0.0, 1.0]), c, m, 1) == pytest.approx([c * m, c * m])
     # no own chunk: the busiest of 8 ranks, c E[max of 8 Poisson(m)]
-    assert _others_above(np.array([0.0]), c, m, 8)[0] == pytest.approx(
+    assert others_above(np.array([0.0]), c, m, 8)[0] == pytest.approx(
         c * expected_max_poisson(m, 8))
     # an own chunk taller than any other rank's pack masks them all: only its own rank's add
-    assert _others_above(np.array([100.0]), c, m, 8)[0] == pytest.approx(c * m)
+    assert others_above(np.array([100.0]), c, m, 8)[0] == pytest.approx(c * m)
 
 
 def test_busiest_rank_of_whole_chunk_counts():
@@ -98,15 +96,15 @@ def test_busiest_rank_of_whole_chunk_counts():
 
 
 def test_lockstep_window_sees_a_lone_run_whole_and_piles_masked():
-    # The TPOT window map (model.serve.tails._lockstep_masked): Y of one chunk's worth per
+    # The TPOT window map (model.serve.tpot_law.lockstep_masked): Y of one chunk's worth per
     # admitting step is one run, which no other rank masks; 3 chunks per admitting step cost
     # the busiest rank's E[max] = 696/512 chunks (counted above), not 3.
-    from model.serve.tails import TPOT_GRID, _lockstep_masked
+    from model.serve.tpot_law import TPOT_GRID, lockstep_masked
 
     win, iv, c = 40.0, 8, 0.01
     one_run, three = win / iv * c, 3 * win / iv * c
     y = np.array([0.0, one_run, three])
-    pmf, dy = _lockstep_masked(np.array([0.2, 0.5, 0.3]), y, win, iv, c, 8, 0.0)
+    pmf, dy = lockstep_masked(np.array([0.2, 0.5, 0.3]), y, win, iv, c, 8, 0.0)
     assert len(pmf) == TPOT_GRID and pmf.sum() == pytest.approx(1.0)
     seen = np.flatnonzero(pmf) * dy
     assert seen == pytest.approx([0.0, one_run, 696 / 512 * win / iv * c], abs=dy)
@@ -144,8 +142,9 @@ def test_first_slot_follows_the_chain_time_weighted():
     # a quiet slot one starts with probability 1 - e^-0.04 = 0.039211. Mean offset by hand:
     # 0.52 (0.26 + 0.5 x 0.714630) + 0.48 (0.01 + 0.5 x 0.039211) = 0.335214 s.
     n = 1000
-    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), td=0.02, interval=1, dp=2)
-    offsets, weights, in_run, own = slots.first_step(1.0, 0.05, levels=4, phases=8)
+    slots = LockstepSlots(np.ones(n), np.full(n, 0.5), np.zeros(n), decode_step_s=0.02,
+                          interval=1, dp=2)
+    offsets, weights, in_run, own = slots.first_step(slots.law(1.0, 0.05), levels=4, phases=8)
     assert float(weights[in_run].sum()) == pytest.approx(0.52, rel=1e-3)
     assert float(np.sum(weights * offsets)) == pytest.approx(0.335214, rel=1e-3)
     # the own slot holds the run's chunk exactly when the next slot is a run

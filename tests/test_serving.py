@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from model.serve.engine import AffineStepModel, _mean_step, serve, threshold_effect
+from model.serve.engine import AffineStepModel, serve, threshold_effect
 from model.serve.policy import EnginePolicy
 from model.serve.queueing import compound_shot_pmf, kingman_wait_s, mg1_wait_pmf, shot_noise_var
+from model.serve.step_balance import solve_mean_step
 from model.specs.workload import ClosedLoop, OpenLoop, load_workload
 
 SM = AffineStepModel(a=0.01, b=2e-5, c=1e-4, d=0.0, e=0.0)
@@ -33,7 +34,7 @@ def test_mg1_transform_gives_distserve_md1_ttft_t18():
 def test_mg1_wait_mean_holds_on_a_coarse_grid():
     # theory T18's M/D/1 (D = 1 s, R = 0.5/s): P-K mean wait R D^2 / (2 (1 - R D)) = 0.5 s. On
     # 128 points over 20 s (a residual of 6.4 cells) the residual's cell mass sits half at each
-    # end: 0.503 s (at the left end it was 0.425 s, 2026-12-03).
+    # end: 0.503 s (all at the left end it would be 0.425 s).
     n, dt = 2**7, 20.0 / 2**7
     pmf, _ = mg1_wait_pmf(np.ones(100), 0.5, dt, n)
     assert float(np.sum(pmf * np.arange(n) * dt)) == pytest.approx(0.5, rel=0.01)
@@ -91,7 +92,7 @@ def test_queued_prompts_sharing_the_last_step_save_their_step_in_the_queue():
     # saves 0.5 s. M/G/1: P(wait) = rho, and rho = X (1 - 0.5 P(wait)), so by hand
     # q = 0.5 - 0.25 q: q = rho = 0.4, mean service 0.8 s; the M/D/1 wait at that service,
     # rho / (1 - rho) x 0.8 / 2 = 0.2667 s (Pollaczek-Khinchine, cs2 = 0 here).
-    from model.serve.engine import _merged_queue
+    from model.serve.fcfs_prefill import _merged_queue
 
     n = 100
     queued, service, busy, wait, cs2, _, _ = _merged_queue(
@@ -200,9 +201,9 @@ def test_lock_stepped_ranks_pay_the_sum_of_big_prefills_but_the_max_of_small_one
     # -> extension per step ~ 1-(1-p)^8 of (E/k); with a threshold prefills overlap on every rank
     # (p -> 1) and the lock-step pays one rank's extension, not eight.
     td = 0.02
-    fcfs = _mean_step(1.0, 1.0, 0.1, td, 1, 8, True)
-    spread = _mean_step(1.0, 20.0, 0.1, td, 1, 8, False)
-    one_rank = _mean_step(1.0, 1.0, 0.1, td, 1, 1, True)
+    fcfs = solve_mean_step(1.0, 1.0, 0.1, td, 1, 8, True)[0]
+    spread = solve_mean_step(1.0, 20.0, 0.1, td, 1, 8, False)[0]
+    one_rank = solve_mean_step(1.0, 1.0, 0.1, td, 1, 1, True)[0]
     assert one_rank == pytest.approx(td / (1 - 0.1), rel=1e-6)  # T = td / (1 - X E)
     assert fcfs > 2.5 * one_rank
     assert spread < 1.5 * one_rank
@@ -212,9 +213,10 @@ def test_threshold_removes_head_of_line_blocking_of_warm_turns():
     # agentx on the affine model (prefill attention e*P*ctx): without a threshold a long cold
     # prefill holds the whole budget for a run of steps and warm turns queue behind it (theory
     # §1.1); with 512 the warm turn rides alongside. The simulation (10 seeds each,
-    # data/calibration/serving_agreement_sims.csv) takes the P90 from 1.66 s to 0.45 s at 48
-    # sessions with independent turns, a ratio of 0.27 (0.18 with sessions: 2.96 s -> 0.53 s);
-    # the closed form, which draws turns independently, gives 1.75 s -> 0.46 s (2026-12-04).
+    # data/calibration/serving_agreement_sims.csv) gives a P90 of 1.66 s without and 0.45 s
+    # with the threshold at 48 sessions with independent turns, a ratio of 0.27 (0.18 with
+    # sessions: 2.96 s and 0.53 s), the ratio the closed form, which draws turns independently,
+    # is held to.
     sm = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
     w = load_workload("agentx")
     off = serve(sm, w, EnginePolicy(8192, 256, 0), ClosedLoop(48))
@@ -229,8 +231,8 @@ def test_threshold_effect_reports_the_comparison():
                            slo_p90_interactivity=30.0, concurrencies=[8, 32], at_concurrency=32)
     assert out["off"] is not None and out["on"] is not None
     assert out["tpgs_ratio_at_concurrency"] > 1.0
-    # simulated at 32 sessions (8 seeds of 6,000 s, 2026-12-04): P90 0.824 s -> 0.404 s with
-    # independent turns (0.49), 1.058 s -> 0.472 s with sessions (0.45)
+    # simulated at 32 sessions (8 seeds of 6,000 s): P90 0.824 s off, 0.404 s on with
+    # independent turns (0.49), 1.058 s and 0.472 s with sessions (0.45)
     assert out["p90_ttft_ratio_at_concurrency"] == pytest.approx(0.49, abs=0.05)
     assert math.isfinite(out["tpgs_gain"])
 
@@ -243,20 +245,12 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
     # the threshold a cold prefill of the trace's tail (up to 850K tokens) holds each admitting
     # step of every lock-stepped rank for ~0.7 s per 8K chunk, so P90 interactivity falls below
     # 50 tok/s at a few dozen sessions; with it, the chunks are small and spread (the busiest
-    # of the eight ranks' Poisson chunk counts sets each admitting step). Measured 2026-12-02:
-    # P90 ratio 2.22 at the 102 sessions the threshold serves under the SLO; TPGS at equal
-    # concurrency up to +94% (1,024 sessions, the "up to" reading); best TPGS at the SLO +189%
-    # (24 vs 102 sessions meet it). Since 2026-12-04 FCFS ranks' runs cluster (model.serve.lockstep)
-    # and FCFS serves more at high load: the largest gain was +52%, since 2026-12-05 (one
-    # FCFS wait law, queued prompts sharing a step) +35%, and with the threshold's admitting
-    # step priced with every rank's chunks together +24% (agentx-v1 at 767 sessions, P90 ratio
-    # 2.31); with self-excited decode-window run counts and FCFS windows taking J's slot chain
-    # where it reads higher, +25% at 181 sessions, P90 ratio 2.33, and +24% there once the
-    # FCFS wait drains its idle pool over a busy period (2026-12-05). The simulator gives less
-    # (agentx-v1, 24,000 s, 323 / 575 / 1,024 sessions: +17.3% / +7.5% / +7.1%; the closed
-    # form +19.4% / +19.3% / +10.5%), so
-    # the claim, an "up to", is checked as a ceiling (papers/vllm-agentx/claims.yaml:
-    # at_most, +30%).
+    # of the eight ranks' Poisson chunk counts sets each admitting step). The closed form's P90
+    # ratio sits near the seed's 2.3; its largest TPGS gain at equal concurrency stays below
+    # the seed's +93%: FCFS ranks' runs cluster (model.serve.lockstep), so FCFS serves more at
+    # high load. The simulator gives less still (agentx-v1, 24,000 s, 323 / 575 / 1,024
+    # sessions: +17.3% / +7.5% / +7.1%; the closed form +19.4% / +19.3% / +10.5%), so the claim,
+    # an "up to", is checked as a ceiling (papers/vllm-agentx/claims.yaml: at_most, +30%).
     from model.perf.parallel import ParallelPlan
     from model.plan.planner import step_model
 
@@ -270,12 +264,12 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
 
 def test_threshold_dep8_admitting_step_prices_all_ranks_chunks_together():
     # DeepSeek V4 Pro DEP8 on B300, agentx-v1, threshold 512 at cadence 8, 575 sessions.
-    # Simulated (model.serve.simulate, 24,000 s, seed 1, 2026-12-05): mean step 137.6 ms, mean TPOT
+    # Simulated (model.serve.simulate, 24,000 s, seed 1): mean step 137.6 ms, mean TPOT
     # 53.7 ms, TPGS 108.4K at 7.21 requests/s, the admitting step 0.84 s: 584 ms for the
     # busiest rank's 16.3 chunks and 218 ms more for the other ranks' tokens in the expert
-    # group. The closed form had priced the busiest rank's chunks each alone and no more: mean
-    # TPOT 47.4 ms, TPGS 127.3K (+17%). Its request mix holds 5% more tokens a request than
-    # the run's (126.8K against 120.4K of context), hence the looser TPGS bound.
+    # group (pricing the busiest rank's chunks each alone and no more gives a mean TPOT of
+    # 47.4 ms). The closed form's request sample holds 5% more tokens a request than the run's
+    # (126.8K against 120.4K of context), hence the looser TPGS bound.
     from model.validate.agreement import dsv4_dep8_b300
 
     sm, w = dsv4_dep8_b300(), load_workload("agentx-v1")
@@ -289,13 +283,12 @@ def test_threshold_dep8_admitting_step_prices_all_ranks_chunks_together():
 def test_threshold_prompts_queue_for_the_slots_the_budget_holds():
     # DeepSeek V4 Pro DEP8 on B300, agentx-v1, threshold 512 at cadence 8, 900 sessions: a
     # rank's 8K budget holds ~16.6 prompts' chunks and the prompts in flight fill ~15 of them,
-    # long cold ones holding theirs for minutes. Simulated (model.serve.simulate, 12,000 s, seed 1,
-    # 2026-12-05): 8.70 requests/s, TTFT P50 / P90 18.6 / 55.1 s, mean 30.7 s, of which 16.1 s
-    # waiting for a slot. Sharing the budget out among the prompts, with no queue, the closed
-    # form had said 9.1 requests/s and a mean TTFT of 15.9 s at 1,024 sessions (simulated
-    # 8.7-8.9 requests/s and 43.4-45.5 s, seeds 1-2); the slot chain (model.serve.slot_queue) says
-    # 8.9 requests/s and 38.4 s there, its P50 26.4 s against 32.1-33.5 s simulated the
-    # weakest point, at full saturation.
+    # long cold ones holding theirs for minutes. Simulated (model.serve.simulate, 12,000 s,
+    # seed 1): 8.70 requests/s, TTFT P50 / P90 18.6 / 55.1 s, mean 30.7 s, of which 16.1 s
+    # waiting for a slot. At 1,024 sessions (simulated 8.7-8.9 requests/s and a mean TTFT of
+    # 43.4-45.5 s, seeds 1-2) the slot chain (model.serve.slot_queue) says 8.9 requests/s and
+    # 38.4 s, its P50 26.4 s against 32.1-33.5 s simulated the weakest point, at full
+    # saturation; sharing the budget out among the prompts with no queue would say 15.9 s.
     from model.validate.agreement import dsv4_dep8_b300
 
     r = serve(dsv4_dep8_b300(), load_workload("agentx-v1"),
@@ -307,15 +300,14 @@ def test_threshold_prompts_queue_for_the_slots_the_budget_holds():
 
 
 # DeepSeek V4 Pro DEP8 on B300, agentx-v1, FCFS at cadence 8, simulated (model.serve.simulate,
-# 24,000 s, seed 1, 2026-12-05): TPOT P50 / P90 / P99 59.4 / 69.6 / 81.3 ms at 575 sessions,
-# 65.7 / 74.7 / 86.6 ms at 1,024. At 575 runs cover nearly every admitting slot and the shot law
-# of the decode windows shrank to its floor (70.2 ms at every level); J's slot chain
-# (model.serve.lockstep.SlotChain) still varies there: 58.9 / 65.0 / 81.8 ms, and 58.6 / 63.6 / 71.9 ms
-# with the finite-source FCFS wait (model.serve.finite_source), hence the looser P99 bound. Past
+# 24,000 s, seed 1): TPOT P50 / P90 / P99 59.4 / 69.6 / 81.3 ms at 575 sessions, 65.7 / 74.7 /
+# 86.6 ms at 1,024. At 575 runs cover nearly every admitting slot and the shot law of the decode
+# windows shrinks to its floor (70.2 ms at every level); J's slot chain
+# (model.serve.lockstep.SlotChain) still varies there (58.6 / 63.6 / 71.9 ms with the
+# finite-source FCFS wait, model.serve.finite_source), hence the looser P99 bound. Past
 # saturation the shot law's clusters never end (a 1e-21 share of requests opening one, 1e25
-# slots long, covering each step ~6e4 deep at 1,024 sessions): its tails had read 58.8 / 88.6 /
-# 121.2 ms there, and its P99 jumped from 71.9 to 93.2 ms between 575 and 590 sessions; where
-# clusters cover a step 20 deep the window now takes J's chain.
+# slots long, covering each step ~6e4 deep at 1,024 sessions); where clusters cover a step 20
+# deep (tpot_law.COVERED_DEPTH) the window takes J's chain alone.
 @pytest.mark.parametrize("sessions, p50, p90, p99, p99_rel", [
     (575, 59.4e-3, 69.6e-3, 81.3e-3, 0.15),
     (1024, 65.7e-3, 74.7e-3, 86.6e-3, 0.10)])
@@ -334,10 +326,9 @@ def test_threshold_prompts_at_a_cadence_pay_whole_admitting_steps():
     # DEP8 pop64 at 256 sessions, threshold 512, cadence 8 (model.validate.agreement): a prompt's
     # chunks run in admitting steps only, each holding the prefill of the eight steps' arrivals
     # (0.25 s of extension with the own chunk in it, the mean step 59 ms). Simulated (3,000 s,
-    # seed 1, 2026-12-05): median TTFT 0.51 s for one-chunk prompts, 0.99 s for two; the
-    # simulated TTFT P50 0.961 s over 5 seeds (data/calibration/serving_agreement_sims.csv).
-    # Spreading the others' extension evenly over the prompt's span had given 0.33 s, 0.82 s
-    # and a P50 of 0.818 s (-14.9%).
+    # seed 1): median TTFT 0.51 s for one-chunk prompts, 0.99 s for two; the simulated TTFT
+    # P50 0.961 s over 5 seeds (data/calibration/serving_agreement_sims.csv). Spreading the
+    # others' extension evenly over the prompt's span would give a P50 of 0.818 s.
     from model.validate.agreement import BY_NAME
 
     sc = BY_NAME["dsv4-dep8-pop64-n256-t512-iv8"]
@@ -347,11 +338,11 @@ def test_threshold_prompts_at_a_cadence_pay_whole_admitting_steps():
 
 def test_fcfs_dep8_throughput_grows_with_sessions_near_saturation():
     # DeepSeek V4 DEP8 on B300, FCFS at cadence 8, agentx-v1: near saturation the TPOT law of
-    # lock-stepped slots breaks down (at 650 sessions its mean step read 91 ms against a
-    # 180 ms mean step), and with the closed loop timing decodes at the step that law sees,
-    # TPGS read 94.1K / 119.7K / 112.9K at 575 / 650 / 767 sessions. A decoding sequence takes
-    # every step, so it sees no less than the mean step: 94.1K / 101.8K / 112.9K (2026-12-05).
-    # Simulated: 102.3K at 575 sessions (2026-12-04), 116.5K at 1,024 (2026-12-05).
+    # lock-stepped slots breaks down (at 650 sessions its mean step reads 91 ms against a
+    # 180 ms mean step); the closed loop times decodes at the step that law sees, but never
+    # below the mean step (a decoding sequence takes every step), so TPGS grows with the
+    # sessions: 94.1K / 101.8K / 112.9K at 575 / 650 / 767. Simulated (model.serve.simulate):
+    # 102.3K at 575 sessions, 116.5K at 1,024.
     from model.validate.agreement import dsv4_dep8_b300
 
     sm, w = dsv4_dep8_b300(), load_workload("agentx-v1")
@@ -386,22 +377,23 @@ def test_cli_workload_and_serve_errors(cli):
 
 def test_lock_stepped_decode_floor_is_one_sequence_on_the_replica():
     # A decode step holds at least the request that decodes; on eight lock-stepped ranks that
-    # is 1/8 of a sequence per rank, not one per rank (eight in all). The floor at one per rank
-    # read DeepSeek V4 DEP8's light-load steps at 8 decodes: TPOT P50 +13% over the simulation
-    # at 32 sessions (data/calibration/serving_agreement.md, 2026-12-04). Expected values: the
-    # step model's own decode step at 1 and 8 decodes in all (16.3 / 20.8 ms).
-    from model.serve.engine import _as_mix, _cached_mix, _Engine
+    # is 1/8 of a sequence per rank, not one per rank (eight in all): a floor of one per rank
+    # would read DeepSeek V4 DEP8's light-load steps at 8 decodes (TPOT P50 13% over the
+    # simulation at 32 sessions). Expected values: the step model's own decode step at 1 and 8
+    # decodes in all (16.3 / 20.8 ms).
+    from model.serve.rank_engine import rank_engine
+    from model.serve.request_mix import request_mix_for, request_sample
     from model.validate.agreement import dsv4_dep8_b300
 
     sm = dsv4_dep8_b300()
     load = ClosedLoop(32)
-    eng = _Engine(sm, _as_mix(_cached_mix(load_workload("agentx"), 2000, 0, None), load),
-                  EnginePolicy(), 8)
-    one = float(sm.step_time_s(0.0, 0.0, 1.0, eng.c_d, 1.0))
-    eight = float(sm.step_time_s(0.0, 0.0, 8.0, eng.c_d, 1.0))
-    assert eng.decode_step(1.0 / 8) == pytest.approx(one, rel=1e-6)
-    assert eng.decode_step(0.0) == pytest.approx(one, rel=1e-6)
-    assert eng.decode_step(1.0) == pytest.approx(eight, rel=1e-6)
+    eng = rank_engine(sm, request_sample(request_mix_for(load_workload("agentx"), 2000, 0), load),
+                      EnginePolicy(), 8)
+    one = float(sm.step_time_s(0.0, 0.0, 1.0, eng.decode_context_tokens, 1.0))
+    eight = float(sm.step_time_s(0.0, 0.0, 8.0, eng.decode_context_tokens, 1.0))
+    assert eng.decode_step_s(1.0 / 8) == pytest.approx(one, rel=1e-6)
+    assert eng.decode_step_s(0.0) == pytest.approx(one, rel=1e-6)
+    assert eng.decode_step_s(1.0) == pytest.approx(eight, rel=1e-6)
     assert eight / one > 1.2  # the floor matters: 8 decodes cost 28% more than one
 
 
@@ -413,7 +405,7 @@ def test_first_step_mixture_thins_arrivals_during_a_run():
     # D)] / D of the rate) and the decoding ones finish at td / (td + h) of their pace: gaps of
     # 5 s keep 0.5 + 0.5 * 0.01 / 5.01 of the arrivals, so f becomes 0.2 k / (0.2 k + 0.8) =
     # 0.1113 (worked by hand); gaps far longer than the run keep them all.
-    from model.serve.engine import _run_mixture
+    from model.serve.fcfs_prefill import _run_mixture
 
     span, ext, k = np.array([10.0]), np.array([5.0]), np.array([1.0])
 

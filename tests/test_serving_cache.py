@@ -1,5 +1,5 @@
 """The serving model answers to the prefix cache (issue 5 item 6): the hit rate and tier traffic
-of model.serve.cache_model (engineer F) flow through model.serve.cache_effect into TTFT and TPGS."""
+of model.serve.cache_model flow through model.serve.cache_effect into TTFT and TPGS."""
 
 from __future__ import annotations
 

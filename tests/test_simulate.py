@@ -1,5 +1,5 @@
 """Discrete-event oracle (model.serve.simulate) and the closed form's agreement with it on named
-scenarios. The tolerances are the agreement measured when the closed form was built (quoted per
+scenarios. The tolerances follow the closed form's agreement with the simulation (quoted per
 scenario); where they exceed 10% the comment says why the two part."""
 
 from __future__ import annotations
@@ -68,11 +68,9 @@ def test_requests_arriving_before_the_end_are_drained(out, measured_tpot, unfini
 
 
 def test_md1_prefill_queue_agrees_within_10_percent():
-    # 4000-token prompts, 2 output tokens, Poisson 2/s: an M/D/1 queue of one-step prefills.
-    # Measured: TTFT p50 +0.1%, p90 -3.3%, p99 -3.4% (closed form vs 4000 s simulated; -5% at
-    # p90 before two 4000-token prompts could share one step, model.serve.engine tail_q; 2026-12-03,
-    # with the shared step drawn with the own wait: -8% / +8% until a prompt that waited past
-    # its predecessor's last step merged into it, -12% / -10% while it merged without waiting).
+    # 4000-token prompts, 2 output tokens, Poisson 2/s: an M/D/1 queue of one-step prefills,
+    # two of which can share one step (model.serve.fcfs_prefill). Closed form against 4000 s
+    # simulated: TTFT p50 +0.1%, p90 -3.3%, p99 -3.4%.
     d = yaml.safe_load((WORKLOADS_DIR / "fixed-8k1k.yaml").read_text())
     d["input_tokens"]["dist"]["value"] = 4000
     d["output_tokens"]["dist"]["value"] = 2
@@ -87,13 +85,13 @@ def test_md1_prefill_queue_agrees_within_10_percent():
 
 
 def test_fixed_8k1k_open_loop_agreement():
-    # Poisson 1 req/s of 8k/1k, threshold off. Measured (1500 s simulated): TTFT p50 -2.0%,
-    # p90 -10.4%, p99 -8.6%; TPOT p50 0.0%, p90 -6.1%, p99 -6.3%; TPGS +0.9%. Before the closed
-    # form let the next queued prompt fill a prompt's last step (model.serve.engine, tail_q) the TTFT
-    # p90/p99 sat at -20%: the 8-token remainder of an 8192-token prompt rides in a step with
-    # the next prompt's 8176-token chunk, so that prompt's first token waits a whole extra
-    # prefill step. What remains at p90: a prompt that joins the previous one's last step needs
-    # one step fewer than the closed form counts, and queue length and service time correlate.
+    # Poisson 1 req/s of 8k/1k, threshold off. Against 1500 s simulated: TTFT p50 -2.0%,
+    # p90 -10.4%, p99 -8.6%; TPOT p50 0.0%, p90 -6.1%, p99 -6.3%; TPGS +0.9%. The 8-token
+    # remainder of an 8192-token prompt rides in a step with the next prompt's 8176-token chunk,
+    # so that prompt's first token waits a whole extra prefill step (the closed form's shared
+    # last step, model.serve.fcfs_prefill). What remains at p90: a prompt that joins the previous
+    # one's last step needs one step fewer than the closed form counts, and queue length and
+    # service time correlate.
     w = load_workload("fixed-8k1k")
     pol = EnginePolicy(8192, 256, 0)
     sim = simulate(SM, w, pol, OpenLoop(1.0), duration_s=1500, seed=1).summary()
@@ -107,10 +105,10 @@ def test_fixed_8k1k_open_loop_agreement():
 
 def test_fixed_8k1k_light_poisson_agrees_within_10_percent():
     # Poisson 0.5 req/s of 8k/1k, threshold off (model.validate.agreement scenario
-    # fixed-8k1k-poisson-0.5). Measured (1500 s): TTFT p50 -0.9%, p90 -0.5%, p99 -4.2%; TPOT
-    # p50 -1.5%, p90 -4.2%, p99 -7.5%; TPGS -3.1% (it was TTFT p90 -29.6% before the shared
-    # last step: 13.5% of prompts (x * one prefill step = 0.5 * 0.27 s) see the next prompt
-    # arrive during their first chunk and pay its 8176-token chunk, +0.26 s)
+    # fixed-8k1k-poisson-0.5). Against 1500 s simulated: TTFT p50 -0.9%, p90 -0.5%, p99 -4.2%;
+    # TPOT p50 -1.5%, p90 -4.2%, p99 -7.5%; TPGS -3.1%. 13.5% of prompts (x * one prefill step =
+    # 0.5 * 0.27 s) see the next prompt arrive during their first chunk and pay its 8176-token
+    # chunk in their last step, +0.26 s: the TTFT p90 rests on that shared last step.
     from model.validate.agreement import agreement
 
     rel = agreement("fixed-8k1k-poisson-0.5", 1500)
@@ -120,10 +118,10 @@ def test_fixed_8k1k_light_poisson_agrees_within_10_percent():
 def test_threshold_ttft_tails_carry_self_excited_runs():
     # Poisson 1 req/s of 8k/1k at long_prefill_token_threshold 512 (scenario
     # fixed-8k1k-poisson-1.0-t512): 16 chunks per prompt, prefill ~25% of each step. Runs
-    # arriving in wall time crowd the long steps; counting them as a Poisson stream per step put
-    # TTFT p90 / p99 at -19% / -26% of the simulation (mean 0.60 s vs 0.66 s; processor
-    # sharing with step td + N h gives 0.64 s). Measured (1500 s) with the negative-binomial
-    # counts and the mean-field rate: TTFT +1.1 / -1.5 / +0.2%, TPOT 0.0 / -5.5 / -5.5%.
+    # arriving in wall time crowd the long steps (a Poisson stream per step would put the TTFT
+    # p90 / p99 about 20% short; processor sharing with step td + N h gives a mean of 0.64 s,
+    # simulated 0.66 s). With the negative-binomial counts and the mean-field rate, against
+    # 1500 s simulated: TTFT +1.1 / -1.5 / +0.2%, TPOT 0.0 / -5.5 / -5.5%.
     from model.validate.agreement import agreement
 
     rel = agreement("fixed-8k1k-poisson-1.0-t512", 1500)
@@ -133,7 +131,7 @@ def test_threshold_ttft_tails_carry_self_excited_runs():
 @pytest.mark.parametrize("scenario", ["fixed-8k1k-think10-n16", "fixed-8k1k-think10-n32"])
 def test_fixed_lengths_closed_loop_with_think_time_agrees_within_10_percent(scenario):
     # 8k/1k sessions with lognormal think time (mean 10 s), 16 and 32 sessions, threshold off.
-    # Measured (1500 s): n16 TTFT -2.7/-1.4/+3.8%, TPOT +0.5/+2.6/+5.6%, TPGS -1.3%;
+    # Against 1500 s simulated: n16 TTFT -2.7/-1.4/+3.8%, TPOT +0.5/+2.6/+5.6%, TPGS -1.3%;
     # n32 TTFT -3.9/-8.1/-9.6%, TPOT -0.4/+1.8/+4.8%, TPGS -1.6% (p50/p90/p99)
     from model.validate.agreement import agreement
 
@@ -144,10 +142,9 @@ def test_fixed_lengths_closed_loop_with_think_time_agrees_within_10_percent(scen
 def test_mooncake_conversation_open_loop_agreement():
     # Mooncake conversation lengths (37% prefix hit), Poisson 1 req/s, threshold off, against
     # the mean of four 1500 s simulations (one seed's TTFT P90 spans -8% to +11% of the closed
-    # form). Measured 2026-12-03: TTFT p50 -0.9%, p90 +2.3%, p99 +1.0%; TPOT p50 +3.5%,
-    # p90 -8.6%, p99 +3.4%; TPGS -1.8%. The TPOT tail holds since a decode window opens on the
-    # prompts queued behind its own (FCFS backlog); without that term it was p90 -14.9%,
-    # p99 -52% (seed 1).
+    # form): TTFT p50 -0.9%, p90 +2.3%, p99 +1.0%; TPOT p50 +3.5%, p90 -8.6%, p99 +3.4%; TPGS
+    # -1.8%. The TPOT tail rests on a decode window opening on the prompts queued behind its
+    # own (the FCFS backlog); without that term the P99 would sit about half short.
     w = load_workload("mooncake-conversation")
     pol = EnginePolicy(8192, 256, 0)
     sims = [simulate(SM, w, pol, OpenLoop(1.0), duration_s=1500, seed=s).summary()
@@ -173,15 +170,13 @@ def test_prefill_schedule_interval_keeps_prefill_off_the_steps_between():
 def test_agentx_sample_trace_replay_agreement():
     # The 20 AgentX (WEKA 042026) sample sessions replayed closed-loop, 16 lanes, recorded think
     # times capped at AgentX's 10 s idle cap, threshold 512 (the agreement report's
-    # agentx-sample-n16-t512). Against its 10 stored runs of 30,000 s (serving_agreement_sims.csv,
-    # 2026-12-04): TTFT P50 / P90 / P99 +0.0 / +1.6 / -0.2%, TPOT P50 / P90 / P99 -0.8 / -0.2
-    # / -0.3%, TPGS +0.4% (2026-12-05; the TPOT P99 read -13.4% with Poisson run counts in the
-    # decode window, before the self-excited count of model.serve.tails._run_excitation).
-    # One 3,000 s run is no reference: its TTFT P90 read -0.3% on one draw of first sessions
-    # and +23.9% on the next (seed 1, 2026-12-03 / 2026-12-04). The same replay with each turn
-    # drawn independently (sessions=False, 4 seeds' mean) isolates the closed form: TTFT and
-    # TPOT within 10% (TPOT P50 / P90 / P99 -1.5 / -1.3 / +1.0%, 2026-12-05; the P99 read
-    # -11.8% with Poisson counts).
+    # agentx-sample-n16-t512). Against its 10 stored runs of 30,000 s (serving_agreement_sims.csv):
+    # TTFT P50 / P90 / P99 +0.0 / +1.6 / -0.2%, TPOT P50 / P90 / P99 -0.8 / -0.2 / -0.3%, TPGS
+    # +0.4% (the decode window's run count self-excited, threshold_prefill.run_excitation).
+    # One 3,000 s run is no reference: its TTFT P90 reads -0.3% on one draw of first sessions
+    # and +23.9% on the next (seed 1). The same replay with each turn drawn independently
+    # (sessions=False, 4 seeds' mean) isolates the closed form: TTFT and TPOT within 10% (TPOT
+    # P50 / P90 / P99 -1.5 / -1.3 / +1.0%).
     import pandas as pd
 
     from model.specs.traces import load_trace
@@ -211,10 +206,9 @@ def test_threshold_decode_windows_see_self_excited_run_counts():
     # With a threshold the runs arrive in wall time, so a step that runs extend lets more
     # arrive: in the simulated replay of the 20 recorded AgentX sessions at 32 lanes on one rank
     # 22% of steps carry prefill, against 31% for Poisson counts of the same mean (3 runs of
-    # 30,000 s, seeds 1, 3, 4, 2026-12-05). The TPOT law's negative-binomial count (the TTFT
-    # law's) took the report's TPOT P90 / P99 there from -14.6 / -21.3% to -8.4 / -2.1% of the
-    # 10 stored runs (-9.4 / -3.6% once arrivals thin while runs stretch the steps, below), and
-    # on DSV4 DEP8 at 128 sessions, cadence 1, from -5.5 / -16.5% to -0.7 / -7.1% of the 5
+    # 30,000 s, seeds 1, 3, 4). With the TPOT law's negative-binomial count (the TTFT law's) the
+    # report's TPOT P90 / P99 there sit at -9.4 / -3.6% of the 10 stored runs (Poisson counts:
+    # about -15 / -21%), and on DSV4 DEP8 at 128 sessions, cadence 1, within 2 / 10% of the 5
     # stored runs.
     import pandas as pd
 
@@ -234,18 +228,17 @@ def test_one_rank_closed_loop_arrivals_thin_while_runs_stretch_the_steps():
     # run far longer than a gap the sessions arrive at (Z + A) / (Z + A s) = 15 / 30 = 0.5 of
     # the rate; over a 1 ms run the idle ones still arrive: E[min(10, 0.001)] / 0.001 = 1, so
     # the share is 1; without a stretch nothing thins.
-    from model.serve.tails import _arrivals_kept_cycling
+    from model.serve.queueing import arrivals_kept_cycling
 
     gaps = np.full(100, 10.0)
-    long_run, short_run = _arrivals_kept_cycling(gaps, 15.0, 0.01, [0.03, 0.03], [1e6, 0.025])
+    long_run, short_run = arrivals_kept_cycling(gaps, 15.0, 0.01, [0.03, 0.03], [1e6, 0.025])
     assert long_run == pytest.approx(0.5 + 0.5 * 10.0 / (1e6 * 0.04), rel=1e-9)
     assert short_run == pytest.approx(1.0)
-    assert _arrivals_kept_cycling(gaps, 15.0, 0.01, [0.0], [1e6])[0] == pytest.approx(1.0)
-    # Against the simulator: the 48-lane AgentX TPOT P90s with a threshold had read +10-12%
-    # of the stored runs (windows opening inside runs at the full (1 + h / T)); in the runs
-    # (agentx-n16-t512-indep, 2 x 30,000 s, 2026-12-05) 0.26 sessions/s arrive during runs of
-    # 50+ chunks against 0.32/s overall. Now +0.3% (fresh sessions) and +0.3% (64-session
-    # population), 2026-12-05.
+    assert arrivals_kept_cycling(gaps, 15.0, 0.01, [0.0], [1e6])[0] == pytest.approx(1.0)
+    # Against the simulator: in the runs (agentx-n16-t512-indep, 2 x 30,000 s) 0.26 sessions/s
+    # arrive during runs of 50+ chunks against 0.32/s overall; with windows opening inside runs
+    # at the thinned rate the 48-lane AgentX TPOT P90s with a threshold sit within 3% of the
+    # stored runs (at the full (1 + h / T) they read 10-12% long).
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -261,13 +254,12 @@ def test_slot_chain_window_sum_by_hand():
     # P(Y = 0) = 0.7 x 0.7 = 0.49, P(Y = 1) = 0.7 x 0.3 + 0.3 x 0.4 = 0.33, P(Y = 2) = 0.3 x 0.6
     # = 0.18; 1.5 slots mix one slot (0.7, 0.3) and two half and half.
     from model.serve.lockstep import SlotChain
-    from model.serve.tails import _chain_sum_pmf
 
     pmfs = np.zeros((2, 8))
     pmfs[0, 0] = pmfs[1, 1] = 1.0
     chain = SlotChain(np.array([[0.7, 0.3], [0.4, 0.6]]), pmfs, 1.0, np.array([1.0, 0.0]))
-    assert _chain_sum_pmf(chain, 2.0, 1.0, 8)[:3] == pytest.approx([0.49, 0.33, 0.18], abs=1e-9)
-    assert _chain_sum_pmf(chain, 1.5, 1.0, 8)[:3] == pytest.approx([0.595, 0.315, 0.09],
+    assert chain.sum_pmf(2.0, 1.0, 8)[:3] == pytest.approx([0.49, 0.33, 0.18], abs=1e-9)
+    assert chain.sum_pmf(1.5, 1.0, 8)[:3] == pytest.approx([0.595, 0.315, 0.09],
                                                                  abs=1e-9)
 
 
@@ -275,8 +267,8 @@ def test_dep8_fcfs_tpot_takes_the_larger_of_the_shot_and_chain_laws():
     # FCFS on lock-stepped ranks where runs cover most slots (DSV4 DEP8, 256 sessions, cadence
     # 8): the shot law's clusters stack, so a window's mean varies too much and skews right
     # (simulated mean step over blocks of 64 / 1,024 steps: sd 32 / 17 ms; shot law 28 / 34 ms;
-    # J's Markov chain 28 / 11 ms, seed 1, 8,000 s, 2026-12-05). The larger quantile of the two
-    # laws took the TPOT P50 from -13.2% to -0.7% of the 5 stored runs, P90 / P99 +5.8 / +7.9%.
+    # J's Markov chain 28 / 11 ms, seed 1, 8,000 s). With the larger quantile of the two laws
+    # the TPOT P50 sits within 3% of the 5 stored runs (the shot law alone reads it 13% short).
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -291,21 +283,17 @@ def test_dep8_lockstep_fcfs_against_long_simulations():
     # DeepSeek V4 Pro DP8+EP8 on B300 (calibrated step model, recipe MTP), closed-loop AgentX
     # sessions from one shared 64-session population, no threshold: eight lock-stepped ranks
     # and cold prefills of up to 850K tokens. Against the stored seeds of 12,000 s
-    # (data/calibration/serving_agreement_sims.csv, 2026-12-04). Runs cluster across ranks
-    # (model.serve.lockstep's birth-death chain; independent ranks put the mean step at 128 sessions,
-    # cadence 1, at 88.5 ms against ~72 ms simulated); clusters are the TPOT law's shots, one at
-    # a time (single_inside); the closed loop times decodes at the step they see (85 ms there).
-    # TPOT P50 / P90 / P99 at 128 sessions, cadence 1: +27.6 / +4.1 / -3.2% before, -3.7 /
-    # -4.1 / +4.0% after; cadence 8: +3.7 / +4.8 / +24.4% -> +5.5 / +3.0 / +11.7% (runs on
-    # several ranks also pay the expert group's share of each further chunk); TPGS at cadence 1
-    # +4.4% -> +4.5% (+10.3% with the clusters but decodes timed at the mean step). A prompt's
-    # further chunks hold slots as long as what the other ranks add above its own chunk: the
-    # cadence-8 TTFT P90 / P99 went from +15.7 / +25.7% (the others' mean extension on top) to
-    # -6.7 / -3.4%. The first-step mixture thins arrivals during another rank's run: TTFT P50
-    # at cadence 1, 128 / 32 sessions, -4.6 / +2.6%. The finite-source wait law that drains the
-    # idle pool over a busy period (model.serve.finite_source, 2026-12-05) put the cadence-8 TTFT P90
-    # / P99 at -11.8 / +1.2% (from -7.2 / +7.6%): the P90 within the five seeds' noise (the
-    # report's verdict), not within 10% of their mean.
+    # (data/calibration/serving_agreement_sims.csv). Runs cluster across ranks
+    # (model.serve.lockstep's birth-death chain; independent ranks would put the mean step at
+    # 128 sessions, cadence 1, at 88.5 ms against ~72 ms simulated); clusters are the TPOT law's
+    # shots, one at a time (single_inside); the closed loop times decodes at the step they see
+    # (85 ms there). Runs on several ranks pay the expert group's share of each further chunk,
+    # and a prompt's further chunks hold slots as long as what the other ranks add above its
+    # own chunk (the others' mean extension on top would read the cadence-8 TTFT P90 / P99
+    # 16 / 26% long). The first-step mixture thins arrivals during another rank's run. With
+    # the finite-source wait law (model.serve.finite_source) the cadence-8 TTFT P90 sits about
+    # 12% short: within the five seeds' noise (the report's verdict), not within 10% of their
+    # mean.
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -328,15 +316,14 @@ def test_dep8_lockstep_fcfs_against_long_simulations():
 def test_closed_loop_fcfs_wait_and_e2e_against_stored_simulations():
     # FCFS, 48 sessions replaying one shared population of 16 / 64 AgentX sessions (affine
     # AgentX step model), against the 10 stored seeds (data/calibration/serving_agreement_sims
-    # .csv). The TTFT P90 sits where the TTFT law is flat (P(TTFT <= 2 s) 0.905 simulated, 0.895
-    # before): a fresh idle pool at every job start with the Pollaczek-Khinchine ladder counted
-    # twice the queue ahead of an arrival that the runs hold (0.35 against 0.17 s), and the
-    # TTFT P90s read +39.6 / +13.0%. The pool drained over the busy period (model.serve.finite_source)
-    # reads +1.1 / -4.5%. The E2E P90 (1 / P90 of E2EL / OSL) read -23.6 / -12.7%: a request
-    # that waited long decodes beside the prompts queued behind it, and made independent of
-    # its TTFT that slow decode lands on other requests (shuffling TPOT among the simulated
-    # requests of each of 40 output bins moves their P90 of E2EL / OSL +13%). Splitting the
-    # backlog by the request's own sojourn (E2E_SOJOURN_SLICES) reads -5.9 / +0.6% (2026-12-05).
+    # .csv). The TTFT P90 sits where the TTFT law is flat (P(TTFT <= 2 s) 0.905 simulated): the
+    # idle pool drains over the busy period (model.serve.finite_source; a fresh pool at every
+    # job start with the Pollaczek-Khinchine ladder would count twice the queue ahead of an
+    # arrival that the runs hold, 0.35 against 0.17 s). A request that waited long decodes
+    # beside the prompts queued behind it, and made independent of its TTFT that slow decode
+    # lands on other requests (shuffling TPOT among the simulated requests of each of 40 output
+    # bins moves their P90 of E2EL / OSL +13%): the E2E law splits the backlog by the request's
+    # own sojourn (e2e_law.E2E_SOJOURN_SLICES).
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -353,10 +340,10 @@ def test_fcfs_decode_windows_open_on_the_queued_backlog():
     # One shared 64-session AgentX population, 48 sessions, threshold off (affine AgentX step
     # model). A decode window opens when its prompt's prefill ends, on the prompts that arrived
     # during its sojourn (M/G/1: a departure leaves its sojourn's arrivals behind). Against the
-    # 10 stored seeds of 12,000 s (data/calibration/serving_agreement_sims.csv, 2026-12-04):
-    # TPOT p50 / p90 / p99 -2.0 / +0.4 / -5.1%; without the backlog term p90 / p99 were -18% /
-    # -33% (one 4,000 s run, 2026-12-02). One run of this row varies 15% at P99: the mean, not
-    # a run, is the reference.
+    # 10 stored seeds of 12,000 s (data/calibration/serving_agreement_sims.csv): TPOT p50 /
+    # p90 / p99 -2.0 / +0.4 / -5.1% (without the backlog term the p90 / p99 read about a fifth
+    # and a third short). One run of this row varies 15% at P99: the mean, not a run, is the
+    # reference.
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -370,8 +357,8 @@ def test_dep8_threshold_ttft_is_masked_by_the_own_chunk():
     # DeepSeek V4 Pro DP8+EP8 on B300, 128 sessions of the shared 64-session AgentX population,
     # threshold 512, cadence 1. A prompt's chunk step waits for the busiest rank, so the other
     # ranks' chunks add only where they exceed its own. Against the 5 stored seeds of 12,000 s
-    # (data/calibration/serving_agreement_sims.csv, 2026-12-04): TTFT P50 / P90 / P99 -5.4 /
-    # -0.6 / +9.7%, TPGS +2.8% (before the masking, on one 4,000 s run: +14 / +25 / +29%).
+    # (data/calibration/serving_agreement_sims.csv): TTFT P50 / P90 / P99 -5.4 / -0.6 / +9.7%,
+    # TPGS +2.8% (without the masking the tails read a quarter long).
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -398,10 +385,9 @@ def test_e2e_normalized_interactivity_folds_ttft_into_the_rate():
 def test_e2e_normalized_interactivity_agrees_on_agentx_sessions():
     # Shared 64-session AgentX population at 48 sessions, threshold off and 512, and the fixed
     # 8k/1k closed loop: E2E normalized P90 against the simulator's per-request E2EL / OSL.
-    # Measured 2026-12-02 against one run each: -6.0% / -4.7% / -3.2%. One run of 12,000 s
-    # varies too much for that: on 2026-12-05 the closed form's TTFT P90 read -27% against that
-    # run and -1.9% against the ten seeds' mean, its E2E P90 +16% and -0.3%. Against the 10
-    # stored seeds (data/calibration/serving_agreement_sims.csv): +0.6% / -2.3% / -3.5%.
+    # One run of 12,000 s varies too much to compare with (the closed form's TTFT P90 reads
+    # -27% against one such run and -1.9% against the ten seeds' mean). Against the 10 stored
+    # seeds (data/calibration/serving_agreement_sims.csv): +0.6% / -2.3% / -3.5%.
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -417,10 +403,9 @@ def test_fcfs_ttft_body_draws_the_shared_last_step_with_the_own_wait():
     # when someone arrived during its own wait W (probability 1 - exp(-x (W + tau))), not with
     # the mean probability for every W, and a prompt that waited past its predecessor's last
     # step starts in it. Against the 10 stored seeds per scenario
-    # (data/calibration/serving_agreement_sims.csv): TTFT P50 +0.8% / -1.5% / -2.2% (2026-12-04,
-    # runs of 24,000 / 12,000 / 20,000 s; -6.7% / -7.6% / +1.6% on the shorter runs of
-    # 2026-12-03, and before: +23.6% / +18.8% / +24.2%, 11% of the prompts that never waited
-    # got a next prompt's ~90 ms chunk).
+    # (data/calibration/serving_agreement_sims.csv, runs of 24,000 / 12,000 / 20,000 s): TTFT
+    # P50 +0.8% / -1.5% / -2.2% (with the mean probability for every W, 11% of the prompts that
+    # never waited would get a next prompt's ~90 ms chunk and the P50 read a fifth long).
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -435,14 +420,9 @@ def test_fcfs_ttft_body_draws_the_shared_last_step_with_the_own_wait():
 def test_e2e_pairs_each_output_length_with_its_own_ttft():
     # In sessions long prompts come with long outputs (Spearman 0.24 in the simulation), and a
     # long output dilutes its TTFT. Against the 10 stored seeds per scenario
-    # (data/calibration/serving_agreement_sims.csv): pairing each output length with its own
-    # requests' TTFT law took E2E P90 from -14.5% / -13.8% (every request's TTFT law) to
-    # -9.7% / -11.0% (2026-12-03), toward the simulation; the busiest-rank window map of the
-    # lock-stepped TPOT law (model.serve.tails._lockstep_masked) then took the DEP row to -7.9%.
-    # Against the runs of 2026-12-04 (12,000 s DEP runs, lanes starting in turn-weighted
-    # sessions) and the decode step floored at one sequence on the replica: -2.6% / -8.4%; with
-    # the one-rank threshold TPOT law's self-excited run count (2026-12-05) -2.6% / -6.4%, and
-    # with arrivals thinned while a run stretches the steps -2.6% / -3.3%.
+    # (data/calibration/serving_agreement_sims.csv; 12,000 s DEP runs): pairing each output
+    # length with its own requests' TTFT law puts the E2E P90 at -2.6% / -3.3% (every request's
+    # TTFT law for every length reads about 14% short).
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -455,8 +435,9 @@ def test_e2e_pairs_each_output_length_with_its_own_ttft():
 
 
 def test_agreement_verdict_tells_noise_from_error():
-    # issue #4: within 10% of the simulated mean agrees; beyond it but within 10% of a value
-    # inside the mean's 95% interval is noise (the simulation cannot tell); beyond both parts
+    # model.validate.agreement's verdict: within 10% of the simulated mean agrees; beyond it but
+    # within 10% of a value inside the mean's 95% interval is noise (the simulation cannot
+    # tell); beyond both parts
     from model.validate.agreement import verdict
 
     assert verdict(0.08, 0.0) == "agrees"
@@ -483,10 +464,10 @@ def test_agreement_compares_with_the_mean_of_the_seeds_and_its_student_interval(
 def test_independent_turn_pool_holds_the_workloads_cold_prompts():
     # An FCFS wait goes with the service's second moment (Pollaczek-Khinchine), which AgentX's
     # rare cold prompts (up to 850K tokens) dominate. The simulator's pool of independent turns
-    # (sessions=False) is drawn as the closed form's mix, so its E[uncached^2] over pools of
-    # seeds 1-8 sits at the 320,000-request mix's: 1.017x measured 2026-12-04, where 50,000
-    # requests drawn as whole sessions (~1,250 of them) gave 0.909x and a TTFT P90 46% short.
-    from model.serve.engine import request_mix_for
+    # (sessions=False) is drawn as the closed form's sample, so its E[uncached^2] over pools of
+    # seeds 1-8 sits at the 320,000-request sample's (1.017x), where 50,000 requests drawn as
+    # whole sessions (~1,250 of them) give 0.909x and a TTFT P90 46% short.
+    from model.serve.request_mix import request_mix_for
     from model.serve.simulate import _MixPool
 
     w = load_workload("agentx")
@@ -496,17 +477,11 @@ def test_independent_turn_pool_holds_the_workloads_cold_prompts():
 
 
 def test_agreement_reports_the_closed_forms_own_mix_seed_spread():
-    # agentx-n48-indep's FCFS TTFT P90 rests on the rare cold prompts of up to 850K tokens. With
-    # the wait law's service sample taken from the 20,000-request mix (one cold prompt in 16 of
-    # the sessions drawn), serve(..., seed=k) gave 2.080 / 1.894 / 1.412 s for seeds 0-2, a
-    # coefficient of variation (sd, ddof 1, over the seed-0 value) of 16.6%; from the whole
-    # 320,000-request draw it gave 1.748 / 1.734 / 1.721 s, 0.77% (2026-12-04), and 1.733 /
-    # 1.722 / 1.713 s, 0.57%, once the closed loop timed decodes at the step they see, and
-    # 1.776 / 1.765 / 1.754 s, 0.63%, once the sessions decoding beside a long prompt arrive
-    # behind it, 1.770 / 1.756 / 1.743 s, 0.76%, once queued prompts share their
-    # predecessor's last step, and 1.548 / 1.531 / 1.520 s, 0.91%, once the closed loop's
-    # wait drains its idle pool over a busy period (model.serve.finite_source; simulated 1.650 s,
-    # 2026-12-05)
+    # agentx-n48-indep's FCFS TTFT P90 rests on the rare cold prompts of up to 850K tokens. The
+    # wait law's service sample is the whole 320,000-request draw (model.serve.request_mix), so
+    # serve(..., seed=k) gives 1.548 / 1.531 / 1.520 s for seeds 0-2, a coefficient of variation
+    # (sd, ddof 1, over the seed-0 value) of 0.91% (simulated 1.650 s); the 20,000-request
+    # sample alone (one cold prompt in 16 of the sessions drawn) would spread them by 16.6%.
     import pandas as pd
 
     from model.validate.agreement import SIMS, compare
@@ -518,20 +493,21 @@ def test_agreement_reports_the_closed_forms_own_mix_seed_spread():
 
 
 def test_the_fcfs_wait_law_samples_every_session_the_mix_is_thinned_from():
-    # A session profile's mix keeps every 16th request of a 16x draw (model.serve.engine._cached_mix);
-    # the queue sample is that whole draw, so the mix is its every 16th request. A requests
-    # profile (fixed lengths) is not thinned: its queue sample is the mix itself.
-    from model.serve.engine import MIX_SESSIONS_FACTOR, _cached_mix
+    # A session profile's sample keeps every 16th request of a 16x draw
+    # (model.serve.request_mix); the queue sample is that whole draw, so the sample is its
+    # every 16th request. A requests profile (fixed lengths) is not thinned: its queue sample
+    # is the sample itself.
+    from model.serve.request_mix import MIX_SESSIONS_FACTOR, request_mix_for
 
     w = load_workload("agentx")
-    mix, queue = _cached_mix(w, 2000, 3, None), _cached_mix(w, 2000, 3, None, queue=True)
+    mix, queue = request_mix_for(w, 2000, 3), request_mix_for(w, 2000, 3, queue=True)
     assert len(queue.context_tokens) >= MIX_SESSIONS_FACTOR * 2000  # whole sessions: a few more
     for field in ("context_tokens", "uncached_tokens", "output_tokens", "gap_s"):
         assert np.array_equal(getattr(queue, field)[::MIX_SESSIONS_FACTOR], getattr(mix, field))
-    hit = _cached_mix(w, 2000, 3, 0.5, queue=True).hit_rate  # the override holds on it too
+    hit = request_mix_for(w, 2000, 3, 0.5, queue=True).hit_rate  # the override holds on it too
     assert hit == pytest.approx(0.5, abs=0.01)
     fixed = load_workload("fixed-8k1k")
-    assert _cached_mix(fixed, 2000, 3, None, queue=True) is _cached_mix(fixed, 2000, 3, None)
+    assert request_mix_for(fixed, 2000, 3, queue=True) is request_mix_for(fixed, 2000, 3)
 
 
 def test_a_run_cut_short_by_max_steps_is_an_error():
@@ -548,9 +524,9 @@ def test_lanes_start_in_sessions_in_proportion_to_their_turns():
     # At steady state a lane is inside a session in proportion to its length (the inspection
     # paradox of a renewal process; Ross, Introduction to Probability Models, 12th ed., 7.7):
     # with a 1-turn and a 99-turn session in equal supply, 99% of lanes start in the long one.
-    # A uniformly drawn first session put them there half the time, so lanes left their first
-    # session early and started cold sessions at about twice the steady rate (AgentX population
-    # of 64: 40 turns left on average instead of 90; 2026-12-04).
+    # A uniformly drawn first session puts them there half the time, so lanes leave their first
+    # session early and start cold sessions at about twice the steady rate (AgentX population
+    # of 64: 40 turns left on average instead of 90).
     from model.serve.simulate import _first_sessions
 
     class Pool:

@@ -4,8 +4,8 @@
 sequences) grid at the traffic's mean context, bilinear in log1p space; plans stack into one
 array, so every candidate of a search is a few numpy operations.
 
-`ExtensionTable` (full tier, model.serve.engine): the decode step over the decode batch, and the
-time a prefill chunk adds to a step over (decodes, chunk tokens, context) at the decode
+`ExtensionTable` (full tier, model.serve.rank_engine): the decode step over the decode batch,
+and the time a prefill chunk adds to a step over (decodes, chunk tokens, context) at the decode
 context, linear between grid points of geometric grids (step times affine in tokens are exact).
 Both read `step_time_s` of one step model; on lock-stepped DP ranks one rank carries the prefill
 and every rank its decodes (`lockstep_step_time_s`).
@@ -19,23 +19,26 @@ from functools import lru_cache
 import numpy as np
 
 
-def lockstep_step_time_s(step_model, dp: int, decode_context: float, p, pctx, b) -> np.ndarray:
-    """Step time when one rank carries p prefill tokens and every rank b decodes: the
-    lock-stepped ranks wait for it, and the expert group sees its p tokens plus all decodes
-    (the step model's prefill_ranks=1)."""
+def lockstep_step_time_s(step_model, dp: int, decode_context_tokens: float, prefill_tokens,
+                         prefill_context_tokens, decode_batch, prefill_seqs=1.0) -> np.ndarray:
+    """Step time when one rank carries the prefill tokens (in `prefill_seqs` sequences) and
+    every rank `decode_batch` decodes: the lock-stepped ranks wait for it, and the expert group
+    sees its tokens plus all decodes (the step model's prefill_ranks=1)."""
+    p, pctx, b, c_d = prefill_tokens, prefill_context_tokens, decode_batch, decode_context_tokens
     if dp == 1:
-        return np.asarray(step_model.step_time_s(p, pctx, b, decode_context, 1.0), float)
+        return np.asarray(step_model.step_time_s(p, pctx, b, c_d, prefill_seqs), float)
     return np.asarray(step_model.step_time_s(np.asarray(p, float), pctx,
-                                             dp * np.asarray(b, float), decode_context,
-                                             np.asarray(1.0, float), prefill_ranks=1.0), float)
+                                             dp * np.asarray(b, float), c_d,
+                                             np.asarray(prefill_seqs, float), prefill_ranks=1.0),
+                      float)
 
 
 @lru_cache(maxsize=32)
-def extension_table(step_model, dp: int, decode_context: float, max_num_batched_tokens: int,
-                    max_num_seqs: int) -> ExtensionTable:
+def extension_table(step_model, dp: int, decode_context_tokens: float,
+                    max_num_batched_tokens: int, max_num_seqs: int) -> ExtensionTable:
     """The full tier's table of one step model (kept by identity) and engine policy at a decode
     context; a serve() sweep over loads asks for the same one again."""
-    return ExtensionTable.build(step_model, dp, decode_context, max_num_batched_tokens,
+    return ExtensionTable.build(step_model, dp, decode_context_tokens, max_num_batched_tokens,
                                 max_num_seqs)
 
 
@@ -163,24 +166,25 @@ class StepTable:
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExtensionTable:
     """The step model tabulated once per (model, policy, decode context): decode step time over
-    the decode batch, and the prefill extension over (decodes, chunk tokens, context), linear
-    between grid points (geometric grids, so step times affine in tokens are exact)."""
+    the decode batch, and the prefill extension (the time a chunk adds to a step) over (decodes,
+    chunk tokens, context), linear between grid points (geometric grids, so step times affine in
+    tokens are exact)."""
 
-    owner: object
-    decode: tuple[np.ndarray, np.ndarray]
-    b_grid: np.ndarray
-    p_grid: np.ndarray
-    c_grid: np.ndarray
-    ext: np.ndarray  # [b, p, c]
+    step_model: object
+    decode_step_s: tuple[np.ndarray, np.ndarray]  # (decode batch grid, decode step seconds)
+    decode_batch_grid: np.ndarray
+    chunk_tokens_grid: np.ndarray
+    context_tokens_grid: np.ndarray
+    extension_s: np.ndarray  # [decode batch, chunk tokens, context]
 
     @staticmethod
-    def build(step_model, dp: int, decode_context: float, max_num_batched_tokens: int,
+    def build(step_model, dp: int, decode_context_tokens: float, max_num_batched_tokens: int,
               max_num_seqs: int) -> ExtensionTable:
         def t(p, pctx, b):
-            return lockstep_step_time_s(step_model, dp, decode_context, p, pctx, b)
+            return lockstep_step_time_s(step_model, dp, decode_context_tokens, p, pctx, b)
 
         seqs = float(max(max_num_seqs, 2))
         low = np.arange(1.0, dp) / dp  # 1 .. dp - 1 decodes on the whole replica
@@ -196,49 +200,55 @@ class ExtensionTable:
         return ExtensionTable(step_model, (b_dec, t_dec), b_grid, p_grid, c_grid,
                               np.maximum(full - base, 0.0))
 
-    def _plane(self, b: float) -> np.ndarray:
-        j = int(np.clip(np.searchsorted(self.b_grid, b) - 1, 0, len(self.b_grid) - 2))
-        w = float(np.clip((b - self.b_grid[j]) / (self.b_grid[j + 1] - self.b_grid[j]), 0, 1))
-        return (1 - w) * self.ext[j] + w * self.ext[j + 1]
+    def _plane(self, decode_batch: float) -> np.ndarray:
+        """The extension over (chunk tokens, context) at a decode batch (b)."""
+        grid, b = self.decode_batch_grid, decode_batch
+        j = int(np.clip(np.searchsorted(grid, b) - 1, 0, len(grid) - 2))
+        w = float(np.clip((b - grid[j]) / (grid[j + 1] - grid[j]), 0, 1))
+        return (1 - w) * self.extension_s[j] + w * self.extension_s[j + 1]
 
-    def extension_at_chunk(self, p: float, ctx, b: float) -> np.ndarray:
+    def _chunk_index(self, chunk_tokens):
+        """(cell, fraction) of chunk sizes on the chunk grid, clamped to its ends."""
+        grid = self.chunk_tokens_grid
+        x = np.clip(np.asarray(chunk_tokens, float), grid[0], grid[-1])
+        i = np.clip(np.searchsorted(grid, x) - 1, 0, len(grid) - 2)
+        return i, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+    def extension_at_chunk(self, chunk_tokens: float, context_tokens, decode_batch: float
+                           ) -> np.ndarray:
         """`extension` for one chunk size over many contexts (same bilinear interpolation,
         reduced to one np.interp along the context grid)."""
-        plane = self._plane(b)
-        x = float(np.clip(p, self.p_grid[0], self.p_grid[-1]))
-        i = int(np.clip(np.searchsorted(self.p_grid, x) - 1, 0, len(self.p_grid) - 2))
-        fx = (x - self.p_grid[i]) / (self.p_grid[i + 1] - self.p_grid[i])
+        plane = self._plane(decode_batch)
+        grid, ctx = self.chunk_tokens_grid, context_tokens
+        x = float(np.clip(chunk_tokens, grid[0], grid[-1]))
+        i = int(np.clip(np.searchsorted(grid, x) - 1, 0, len(grid) - 2))
+        fx = (x - grid[i]) / (grid[i + 1] - grid[i])
         column = (1 - fx) * plane[i] + fx * plane[i + 1]
-        return np.maximum(np.interp(np.asarray(ctx, float), self.c_grid, column), 0.0)
+        return np.maximum(np.interp(np.asarray(ctx, float), self.context_tokens_grid, column),
+                          0.0)
 
-    def context_index(self, ctx) -> tuple[np.ndarray, np.ndarray]:
-        y = np.clip(np.asarray(ctx, float), self.c_grid[0], self.c_grid[-1])
-        k = np.clip(np.searchsorted(self.c_grid, y) - 1, 0, len(self.c_grid) - 2)
-        return k, (y - self.c_grid[k]) / (self.c_grid[k + 1] - self.c_grid[k])
+    def context_index(self, context_tokens) -> tuple[np.ndarray, np.ndarray]:
+        """(cell, fraction) of contexts on the context grid, clamped to its ends."""
+        grid = self.context_tokens_grid
+        y = np.clip(np.asarray(context_tokens, float), grid[0], grid[-1])
+        k = np.clip(np.searchsorted(grid, y) - 1, 0, len(grid) - 2)
+        return k, (y - grid[k]) / (grid[k + 1] - grid[k])
 
-    def extension_at_contexts(self, p, index, b: float) -> np.ndarray:
-        """`extension` at contexts pre-indexed by `context_index` (fixed per request mix)."""
-        plane = self._plane(b)
+    def extension_at_contexts(self, chunk_tokens, index, decode_batch: float) -> np.ndarray:
+        """`extension` at contexts pre-indexed by `context_index` (fixed per request sample)."""
+        plane = self._plane(decode_batch)
         k, fy = index
-        x = np.clip(np.asarray(p, float), self.p_grid[0], self.p_grid[-1])
-        i = np.clip(np.searchsorted(self.p_grid, x) - 1, 0, len(self.p_grid) - 2)
-        fx = (x - self.p_grid[i]) / (self.p_grid[i + 1] - self.p_grid[i])
+        i, fx = self._chunk_index(chunk_tokens)
         lo = plane[i, k] + fy * (plane[i, k + 1] - plane[i, k])
         hi = plane[i + 1, k] + fy * (plane[i + 1, k + 1] - plane[i + 1, k])
         return np.maximum(lo + fx * (hi - lo), 0.0)
 
-    def extension(self, p, ctx, b: float) -> np.ndarray:
-        j = int(np.clip(np.searchsorted(self.b_grid, b) - 1, 0, len(self.b_grid) - 2))
-        w = float(np.clip((b - self.b_grid[j]) / (self.b_grid[j + 1] - self.b_grid[j]), 0, 1))
-        plane = (1 - w) * self.ext[j] + w * self.ext[j + 1]
-        x = np.clip(np.asarray(p, float), self.p_grid[0], self.p_grid[-1])
-        y = np.clip(np.asarray(ctx, float), self.c_grid[0], self.c_grid[-1])
-        i = np.clip(np.searchsorted(self.p_grid, x) - 1, 0, len(self.p_grid) - 2)
-        k = np.clip(np.searchsorted(self.c_grid, y) - 1, 0, len(self.c_grid) - 2)
-        fx = (x - self.p_grid[i]) / (self.p_grid[i + 1] - self.p_grid[i])
-        fy = (y - self.c_grid[k]) / (self.c_grid[k + 1] - self.c_grid[k])
+    def extension(self, chunk_tokens, context_tokens, decode_batch: float) -> np.ndarray:
+        """Step time a chunk of prefill tokens at its end-of-chunk context adds to a step of
+        `decode_batch` decodes per rank."""
+        plane = self._plane(decode_batch)
+        i, fx = self._chunk_index(chunk_tokens)
+        k, fy = self.context_index(context_tokens)
         v = ((1 - fx) * (1 - fy) * plane[i, k] + fx * (1 - fy) * plane[i + 1, k]
              + (1 - fx) * fy * plane[i, k + 1] + fx * fy * plane[i + 1, k + 1])
         return np.maximum(v, 0.0)
-
-

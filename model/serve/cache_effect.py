@@ -1,4 +1,4 @@
-"""What the prefix cache does to serving: the hit rate and the tier traffic of engineer F's
+"""What the prefix cache does to serving: the hit rate and the tier traffic of
 `model.serve.cache_model`, turned into the two things `model.serve.engine.serve` needs.
 
 - hit rate: the token-weighted share of input served from any tier; the request mix's cached

@@ -40,9 +40,9 @@ from model.serve.cache_replay import (
     stream_for,
 )
 from model.serve.queueing import expected_min
+from model.serve.request_mix import WorkloadKey
 from model.serve.routing import check_routing, route_replay
 from model.specs.errors import ServecastError
-from model.specs.memo import IdentityMemo
 
 # A session counts as live while its gaps stay under the AgentX replay's 300 s idle cap
 # (research/workloads.md §1.5); longer pauses are idle time, not cache pressure.
@@ -90,9 +90,10 @@ class CacheResult:
 # ---------------------------------------------------------------------------------- closed form
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SessionSample:
-    """Per-turn sample the closed form integrates over (request-weighted)."""
+    """Per-turn sample the closed form integrates over (request-weighted). Compared and hashed
+    by identity: the closed form's per-sample curves are cached on it."""
 
     context_tokens: np.ndarray  # c: input tokens of the turn
     uncached_tokens: np.ndarray  # u: misses with an infinite cache
@@ -164,9 +165,6 @@ def effective_sessions(stream: BlockStream, window_s: float | None = None) -> fl
     return float((live * w).sum() / w.sum())
 
 
-_curves = IdentityMemo(32)  # sample -> (T grid, per-session occupancy, at each turn's gap)
-
-
 def _occupancy_curve(sample: SessionSample, sessions: float) -> tuple[np.ndarray, np.ndarray]:
     """(T grid, KV the sessions keep resident with characteristic time T): N E[c min(g,T)]/E[g],
     nondecreasing in T. The per-session curve is computed once per sample."""
@@ -174,14 +172,11 @@ def _occupancy_curve(sample: SessionSample, sessions: float) -> tuple[np.ndarray
     return grid, sessions * per_session
 
 
+@lru_cache(maxsize=32)
 def _curve_entry(sample: SessionSample) -> tuple:
     """(T grid, per-session occupancy, per-session occupancy at each turn's gap), once per
     sample: a search asks the closed form for hundreds of capacities and session counts, and
     every answer is linear in the session count."""
-    return _curves.get(sample, None, lambda: _curve_of(sample))
-
-
-def _curve_of(sample: SessionSample) -> tuple:
     grid, per_session = _per_session_occupancy(sample)
     return grid, per_session, np.interp(np.minimum(sample.gap_s, grid[-1]), grid, per_session)
 
@@ -213,20 +208,11 @@ def characteristic_time_s(sample: SessionSample, capacity_tokens, sessions: floa
     return float(out) if out.ndim == 0 else out
 
 
-_cached_parts = IdentityMemo(32)
-
-
+@lru_cache(maxsize=32)
 def _cached_part(sample: SessionSample, policy: str, replicas: int, routing: str,
                  pooled: bool) -> np.ndarray:
     """Tokens of each turn that a big-enough cache serves under the policy and routing (kept per
     sample: a search asks about hundreds of capacities of one sample)."""
-    return _cached_parts.get(sample, (policy, replicas, routing, pooled),
-                             lambda: _compute_cached_part(sample, policy, replicas, routing,
-                                                          pooled))
-
-
-def _compute_cached_part(sample: SessionSample, policy: str, replicas: int, routing: str,
-                         pooled: bool) -> np.ndarray:
     c, u = sample.context_tokens, sample.uncached_tokens
     growth = np.where(sample.first | (u >= c), 0.0, u)  # append-only growth of each turn
     if policy == "second-hit":
@@ -334,30 +320,10 @@ CURVE_POINTS = np.r_[0.0, np.logspace(3, 9, 49), np.inf]  # tokens: 1K .. 1G, lo
 
 
 @lru_cache(maxsize=64)
-def _curve(key: tuple, policy: str, interval_tokens: int) -> np.ndarray:
-    stream = _streams[key]
+def _curve(stream: BlockStream, policy: str, interval_tokens: int) -> np.ndarray:
+    """Hit rate over CURVE_POINTS capacities, once per stream (trace paths map to one stream:
+    model.serve.cache_replay.stream_for caches them)."""
     return hit_rate_curve(stream, CURVE_POINTS, policy, interval_tokens)
-
-
-_streams: dict[tuple, BlockStream] = {}
-
-
-def _stream_key(trace) -> tuple[tuple, BlockStream]:
-    if isinstance(trace, BlockStream):
-        key = ("stream", id(trace))
-        _streams[key] = trace
-        return key, trace
-    if isinstance(trace, (str, Path)):
-        trace = [trace]
-    if all(isinstance(t, (str, Path)) for t in trace):
-        key = tuple(str(Path(t).resolve()) for t in trace)
-        if key not in _streams:
-            _streams[key] = stream_for(list(trace))
-        return key, _streams[key]
-    stream = stream_for(trace)
-    key = ("stream", id(stream))
-    _streams[key] = stream
-    return key, stream
 
 
 def _interp(curve: np.ndarray, capacity: float) -> float:
@@ -379,12 +345,12 @@ def replay_hit_rate(trace, capacity_tokens: float | Mapping[str, float], policy:
     trace's own concurrency / concurrency (first-order: sessions alike, interleaving dense)."""
     check_policy(policy)
     check_routing(routing)
-    key, stream = _stream_key(trace)
+    stream = stream_for(trace)
     tiers = dict(capacity_tokens) if isinstance(capacity_tokens, Mapping) else {
         "hbm": float(capacity_tokens)}
     scale = 1.0 if concurrency is None else effective_sessions(stream) / float(concurrency)
     scaled = {k: v * scale for k, v in tiers.items()}
-    inf = float(_curve(key, "lru", 0)[-1])
+    inf = float(_curve(stream, "lru", 0)[-1])
     if replicas > 1 or pool_tokens > 0:
         if len(scaled) != 1:
             raise ServecastError("routing replay takes one local capacity per replica (+ pool)")
@@ -398,7 +364,7 @@ def replay_hit_rate(trace, capacity_tokens: float | Mapping[str, float], policy:
         res = replay(stream, scaled, policy, interval_tokens)
         return CacheResult(res.hit_rate, res.hit_rate_by_tier, inf, policy, 1, routing, "replay",
                            tiers)
-    curve = _curve(key, policy, interval_tokens)
+    curve = _curve(stream, policy, interval_tokens)
     by_tier, best = {}, 0.0
     for name, cap in scaled.items():
         h = _interp(curve, cap)
@@ -450,14 +416,15 @@ def hit_rate(workload_or_trace, capacity_tokens: float | Mapping[str, float],
                        pool_tokens)
 
 
-_samples: dict[tuple, SessionSample] = {}
-
-
 def _workload_sample(workload, seed: int, turn_time_s: float) -> SessionSample:
-    key = (getattr(workload, "name", id(workload)), id(workload), seed, turn_time_s)
-    if key not in _samples:
-        _samples[key] = sample_from_workload(workload, seed=seed, turn_time_s=turn_time_s)
-    return _samples[key]
+    """The profile's turn sample, drawn once per (workload, seed, turn time): the per-sample
+    curves cached on it serve every later call."""
+    return _sample(WorkloadKey.of(workload), seed, turn_time_s)
+
+
+@lru_cache(maxsize=32)
+def _sample(workload: WorkloadKey, seed: int, turn_time_s: float) -> SessionSample:
+    return sample_from_workload(workload.workload, seed=seed, turn_time_s=turn_time_s)
 
 
 def deployment_hit_rate(workload_or_trace, arch, hw, plan, concurrency: float | None = None,

@@ -5,9 +5,9 @@ within it only as fast as their gaps run out, Λ(t) by elapsed time t: x E[min(Z
 idle ones (renewal residuals of their gaps) plus b P(D + Z <= t) from the b decoding, after the
 rest of their decode D and a fresh gap. The pool drains over the whole busy period, not job by
 job: a job taken from the queue starts where the pool stands, so the prompts queued behind a
-long cold prefill see few arrivals. (A fresh pool at every job start, with the
-Pollaczek-Khinchine ladder on top, counted twice the queue ahead of an arrival that the runs
-hold: on AgentX at 48 sessions 0.35 against 0.17 s, the P90 wait +10%; 2026-12-05.) The pool
+long cold prefill see few arrivals (a fresh pool at every job start, with the
+Pollaczek-Khinchine ladder on top, would count twice the queue ahead of an arrival that the
+runs hold). The pool
 at a busy period's start is not its mean: no one is queued or in service then, and the session
 that opened it has left it (`_pool_boost`).
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.serve.queueing import expected_min, mg1_wait_pmf, split_bins
+from model.serve.queueing import expected_min, mg1_wait_pmf, residual_mass, split_bins
 
 # earlier arrivals within the job in service: bins of Λ(y) (expected arrivals), each taken at
 # its mean in the Poisson count ahead
@@ -74,9 +74,8 @@ def finite_source_wait_pmf(service_s, dt: float, n: int, gaps_s, arrival_rate: f
     if decoding is not None and decoding[0] > 0:
         dec = decoding[0] * _decoders_arrived(np.asarray(decoding[1], float), z, edges)
     # groups finer toward the long services, whose arrivals drain the pool (rank edges
-    # N (1 - (1 - i / G)^2): the top group holds N / G^2 jobs). Equal-count groups had the
-    # TTFT P90 of 64 AgentX sessions 2.1% / 6.4% / 14% over the ungrouped chain's with 256 /
-    # 128 / 64 groups; these read +0.3% with 64
+    # N (1 - (1 - i / G)^2): the top group holds N / G^2 jobs). With 64 of them the TTFT P90 of
+    # 64 AgentX sessions sits 0.3% from the ungrouped chain's (equal-count groups: 14%)
     cuts = np.unique(np.round(len(s) * (1.0 - (1.0 - np.arange(1, SERVICE_GROUPS)
                                                 / SERVICE_GROUPS) ** 2)).astype(int))
     groups = [g for g in np.split(s, cuts) if len(g)]
@@ -89,9 +88,9 @@ def finite_source_wait_pmf(service_s, dt: float, n: int, gaps_s, arrival_rate: f
     held = mean_s + float(extra_s)  # a prompt's start to its first token
     # At a busy period's start no one is queued or in service: the sessions that are on average
     # (x (E[W] + held), arrival to first token) are idle then, less the one that opened it.
-    # Simulated, idle besides the opener against on average and x E[TTFT]: AgentX at 48 sessions
-    # 42.6 / 41.6 / 1.65, at 16 sessions 13.8 / 14.5 / 0.35; DSV4 DEP8, per rank, at 256
-    # sessions 21.8 / 21.1 / 2.0, at 128 11.9 / 12.0 / 0.6 (2026-12-05)
+    # Simulated (model.serve.simulate), idle besides the opener against on average and
+    # x E[TTFT]: AgentX at 48 sessions 42.6 / 41.6 / 1.65, at 16 sessions 13.8 / 14.5 / 0.35;
+    # DSV4 DEP8, per rank, at 256 sessions 21.8 / 21.1 / 2.0, at 128 11.9 / 12.0 / 0.6
     boost, wait = 0.0, 0.0
     for _ in range(BOOST_ITERATIONS):
         lam = (1.0 + boost) * idle + dec
@@ -119,8 +118,7 @@ def _decoders_arrived(decode_s: np.ndarray, gaps: np.ndarray, edges: np.ndarray)
     """P(D + Z < t) at `edges`: D the rest of a decode in progress (its equilibrium residual,
     density P(W > y) / E[W]), Z a fresh idle gap."""
     n = len(edges) - 1
-    w = np.sort(decode_s)
-    resid = np.diff(expected_min(w, edges)) / max(float(w.mean()), 1e-300)
+    resid = residual_mass(np.sort(decode_s), edges)
     gap = np.diff(np.searchsorted(np.sort(gaps), edges, side="right")) / len(gaps)
     both = np.fft.irfft(np.fft.rfft(resid, 2 * n) * np.fft.rfft(gap, 2 * n), 2 * n)[:n]
     return np.r_[0.0, np.cumsum(np.maximum(both, 0.0))]

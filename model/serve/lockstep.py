@@ -15,20 +15,26 @@ independent ranks) misses all three:
   it, and costs little more than it. The number of ranks on a run chunk is a birth-death chain
   whose births grow with the slot's length, not a binomial.
 
-Measured on DeepSeek V4 Pro DEP8 on B300 under the 64-session AgentX population at 128 sessions
-(model.validate.agreement, 2026-12-04, 8,000 s runs, seeds 1-3): at prefill_schedule_interval
-1 the chain gives P(no rank on a run chunk) 0.953 against 0.947 simulated, and a mean step of
-70.6 ms at the simulated rate against 69.5-74.6 ms; with independent ranks it was 88.5 ms
-(and 86.1 ms in the simulator of 2026-12-02, before lanes started in the steady state).
+On DeepSeek V4 Pro DEP8 on B300 under the 64-session AgentX population at 128 sessions and
+prefill_schedule_interval 1 (model.validate.agreement, 8,000 s runs, seeds 1-3) the chain gives
+P(no rank on a run chunk) 0.953 against 0.947 simulated, and a mean step of 70.6 ms at the
+simulated rate against 69.5-74.6 ms; independent ranks give 88.5 ms.
+
+`LockstepSlots.law` evaluates the picture at one rate and mean step (`SlotLaw`); everything the
+closed form reads off it (the mean step, the first slot a prompt meets, the TPOT law's clusters
+and chain) takes that law. The law's grid (`SlotGrid`) is kept from one evaluation to the next
+while it reaches: a grid that moved with every step time would make the fixed point jitter.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+from scipy.stats import binom
 
-from model.serve.queueing import expected_min
+from model.serve.queueing import arrivals_kept
 
 GRID = 4096
 
@@ -49,41 +55,40 @@ def _mean(cdf: np.ndarray, dy: float) -> float:
 
 
 class LockstepSlots:
-    """Per-rank admitting-slot picture of one request mix: `full` chunks per request (each of
-    extension `full_ext`) and a last piece of extension `last_ext` (0 when the prompt ends on a
-    full chunk)."""
+    """Per-rank admitting-slot picture of one request sample: `full_chunks` per request (each of
+    extension `full_extension_s`) and a last piece of extension `last_extension_s` (0 when the
+    prompt ends on a full chunk) of `last_tokens`, at a chunk of `chunk_tokens`; `shared_s`:
+    what j run chunks on j ranks add over the tallest (j = 0..dp)."""
 
-    def __init__(self, full: np.ndarray, full_ext: np.ndarray, last_ext: np.ndarray,
-                 td: float, interval: int, dp: int, shared: np.ndarray | None = None,
-                 last_tokens: np.ndarray | None = None, chunk: float = 0.0):
-        # the whole mix: an evenly strided subsample of a session-ordered mix is biased (4,000
-        # of 5,242 AgentX turns put 5% more run chunks in and the step 8% higher)
-        self.full = np.asarray(full, float)
-        self.full_ext = np.asarray(full_ext, float)
-        self.last = np.asarray(last_ext, float)
-        self.td, self.interval, self.dp = td, interval, dp
+    def __init__(self, full_chunks: np.ndarray, full_extension_s: np.ndarray,
+                 last_extension_s: np.ndarray, decode_step_s: float, interval: int, dp: int,
+                 shared_s: np.ndarray | None = None, last_tokens: np.ndarray | None = None,
+                 chunk_tokens: float = 0.0):
+        # the whole sample: an evenly strided subsample of a session-ordered sample is biased
+        # (4,000 of 5,242 AgentX turns put 5% more run chunks in and the step 8% higher)
+        self.full_chunks = np.asarray(full_chunks, float)
+        self.full_extension_s = np.asarray(full_extension_s, float)
+        self.last_extension_s = np.asarray(last_extension_s, float)
+        self.decode_step_s, self.interval, self.dp = decode_step_s, interval, dp
         # what j run chunks on j ranks add over the tallest (the expert group sees them all)
-        self.shared = np.zeros(dp + 1) if shared is None else np.asarray(shared, float)
-        self.mean_full = float(self.full.mean())
-        self.run_w = self.full / max(float(self.full.sum()), 1e-300)
-        self.last_mean = float(self.last.mean())
-        self.last_m2 = float(np.mean(self.last**2))
-        self.top = max(float(self.full_ext.max()), float(self.last.max()), 1e-12)
-        self._cached = None
-        self.merge = None if last_tokens is None or chunk <= 0 else _MergeLaw(
-            self.full, np.asarray(last_tokens, float), chunk)
-        self._law = None  # the last (x, t) and its _SlotLaw: the solver and the TPOT law ask twice
+        self.shared_s = np.zeros(dp + 1) if shared_s is None else np.asarray(shared_s, float)
+        self.mean_full_chunks = float(self.full_chunks.mean())
+        self.run_w = self.full_chunks / max(float(self.full_chunks.sum()), 1e-300)
+        self.last_mean_s = float(self.last_extension_s.mean())
+        self.last_square_mean_s2 = float(np.mean(self.last_extension_s**2))
+        self.top_s = max(float(self.full_extension_s.max()), float(self.last_extension_s.max()), 1e-12)
+        self.merge = None if last_tokens is None or chunk_tokens <= 0 else _MergeLaw(
+            self.full_chunks, np.asarray(last_tokens, float), chunk_tokens)
 
-    def _grid(self, y_max: float):
-        """(dy, run-height cdf, piece transform) on a grid kept while it reaches y_max: a
-        grid that moved with every step time would make the fixed-point map jitter."""
-        if self._cached is None or self._cached[0] * GRID < y_max:
-            dy = 1.5 * y_max / GRID
-            self._cached = (dy, _cdf(self.full_ext, self.run_w, dy), self._piece_transform(dy))
-        return self._cached
+    def _grid(self, y_max: float, kept: SlotGrid | None) -> SlotGrid:
+        """The grid `kept` while it reaches y_max, else one 1.5 y_max wide."""
+        if kept is not None and kept.dy * GRID >= y_max:
+            return kept
+        dy = 1.5 * y_max / GRID
+        return SlotGrid(dy, _cdf(self.full_extension_s, self.run_w, dy), self._piece_transform(dy))
 
     def _piece_transform(self, dy: float) -> np.ndarray:
-        return np.fft.rfft(_binned(self.last, None, dy) / len(self.last), 2 * GRID) - 1.0
+        return np.fft.rfft(_binned(self.last_extension_s, None, dy) / len(self.last_extension_s), 2 * GRID) - 1.0
 
     @staticmethod
     def _packed_cdf(mu: float, piece: np.ndarray) -> np.ndarray:
@@ -95,21 +100,20 @@ class LockstepSlots:
 
     def mean_step(self, x: float, t: float) -> float:
         """The mean step implied by a mean step `t` at x requests/s per rank (one map of the
-        fixed point in the step time)."""
-        return self._slots(x, t).mean_step
+        fixed point in the step time), on a fresh grid."""
+        return self.law(x, t).mean_step_s
 
-    def others_above_own(self, x: float, t: float) -> float:
+    def others_above_own(self, sl: SlotLaw) -> float:
         """Mean extension a slot adds above a running rank's own chunk (the other ranks' runs
         and pieces it does not mask, and the expert group's share of theirs): J taken as a
         running rank sees it (size-biased)."""
-        sl = self._slots(x, t)
         j = np.arange(1, self.dp + 1)
         w = sl.pi[1:] * j
-        seen = float(np.sum(w * sl.x_run[1:])) / max(float(w.sum()), 1e-300)
-        own = float(np.sum(self.run_w * self.full_ext))
+        seen = float(np.sum(w * sl.run_slot_s[1:])) / max(float(w.sum()), 1e-300)
+        own = float(np.sum(self.run_w * self.full_extension_s))
         return max(seen - own, 0.0)
 
-    def first_step(self, x: float, t: float, levels: int, phases: int, gaps=None,
+    def first_step(self, sl: SlotLaw, levels: int, phases: int, gaps=None,
                    points: int = 64):
         """The admitting slot a prompt arriving at a free rank takes first: (offsets past its
         own step's td, weights, whether the arrival fell in a run's cycle, the own slot's
@@ -121,19 +125,16 @@ class LockstepSlots:
         cluster of runs: every step stretches, so the sessions decoding anywhere crawl and only
         those already idle arrive, ever fewer as it lasts (E[min(gap, C)] / C over a cluster of
         C seconds). Prompts of up to 2K tokens that find their rank idle, DSV4 DEP8 (simulated,
-        seed 1, 2026-12-05): P(a run holds the slot at arrival) 0.37 at 128 sessions, cadence 1,
-        0.70 at 256, cadence 8; then the own slot holds a run too in 0.83 / 0.95 of cases."""
-        sl = self._slots(x, t)
-        dp, iv, td = self.dp, self.interval, self.td
+        seed 1): P(a run holds the slot at arrival) 0.37 at 128 sessions, cadence 1, 0.70 at
+        256, cadence 8; then the own slot holds a run too in 0.83 / 0.95 of cases."""
+        x = sl.rate_per_rank_rps
+        dp, iv, td = self.dp, self.interval, self.decode_step_s
         grid = np.arange(GRID) * sl.dy
         lv = (np.arange(levels) + 0.5) / levels
         ph = (np.arange(phases) + 0.5) / phases
-        runs = self.full >= 1
+        runs = self.full_chunks >= 1
         j = np.arange(dp + 1)
-        length = iv * td + np.r_[_mean(sl.f_quiet, sl.dy), sl.x_run[1:]]
-        own = np.maximum(1.0 - x * self.mean_full * length, 1e-3)
-        per_run = float(self.full[runs].mean()) if runs.any() else 1.0
-        ends = np.minimum(own / per_run, 1.0)  # a running chunk is its run's last
+        length, ends = self._slot_lengths(sl)
         no_birth = np.exp(-(dp - j) * x * float(runs.mean()) * length)
         goes_on = np.r_[1.0 - no_birth[0], 1.0 - ends[1:] ** j[1:] * no_birth[1:]]
         offs, wts, on, own_h = [], [], [], []
@@ -141,13 +142,12 @@ class LockstepSlots:
             if n == 0:
                 heights = np.zeros(levels)
             else:
-                cdf = sl.f_run ** n * sl.f_pieces ** ((dp - n) / max(dp - 1, 1))
-                heights = np.interp(lv, cdf, grid) + self.shared[n]
+                heights = np.interp(lv, self._run_slot_cdf(sl, n), grid) + self.shared_s[n]
             for h in heights:
                 cycle = iv * td + h
                 w = sl.pi[n] * (dp - n) * cycle / levels
                 in_decodes = (iv - 1) * td / cycle
-                nxt = h if n > 0 else float(sl.x_run[1])  # a quiet slot's successor: a run
+                nxt = h if n > 0 else float(sl.run_slot_s[1])  # a quiet slot's successor: a run
                 waited = ph * (td + h) + (iv - 1) * td
                 for o, share, oh in ((ph * (iv - 1) * td + h, in_decodes, h),
                                      (waited + nxt, (1 - in_decodes) * goes_on[n], nxt),
@@ -161,23 +161,37 @@ class LockstepSlots:
         return _compressed(np.concatenate(offs), w / max(float(w.sum()), 1e-300), on,
                            np.concatenate(own_h), points)
 
-    def _kept_in_clusters(self, sl: _SlotLaw, gaps) -> float:
+    def _slot_lengths(self, sl: SlotLaw) -> tuple[np.ndarray, np.ndarray]:
+        """(length of a cycle of interval steps by J = 0..dp, the probability a running chunk
+        is its run's last): a busy rank's own arrivals queue behind its run."""
+        runs = self.full_chunks >= 1
+        length = self.interval * self.decode_step_s + np.r_[_mean(sl.f_quiet, sl.dy), sl.run_slot_s[1:]]
+        own = np.maximum(1.0 - sl.rate_per_rank_rps * self.mean_full_chunks * length, 1e-3)
+        per_run = float(self.full_chunks[runs].mean()) if runs.any() else 1.0
+        return length, np.minimum(own / per_run, 1.0)
+
+    def _run_slot_cdf(self, sl: SlotLaw, n: int) -> np.ndarray:
+        """cdf of a slot's extension with n ranks on a run chunk: the tallest of their chunks
+        and of the other ranks' packed pieces (before the expert group's share)."""
+        return sl.f_run ** n * sl.f_pieces ** ((self.dp - n) / max(self.dp - 1, 1))
+
+    def _kept_in_clusters(self, sl: SlotLaw, gaps) -> float:
         """Closed loop: the share of arrivals that still come during a cluster of runs (every
         step stretches, so the sessions decoding crawl and only those already idle arrive,
         ever fewer as it lasts: E[min(gap, C)] / C over a cluster of C seconds, the rest at
         the decode pace); 1 in an open loop (`gaps` None)."""
-        runs = self.full >= 1
+        runs = self.full_chunks >= 1
         if gaps is None or not runs.any():
             return 1.0
-        cycle = self.interval * self.td + float(sl.x_run[1])
-        c = np.maximum(self.full[runs] * sl.stretch * cycle, 1e-12)  # cluster seconds
-        idle = np.minimum(expected_min(np.sort(np.asarray(gaps, float)), c) / c, 1.0)
-        pace = self.interval * self.td / cycle
+        cycle = self.interval * self.decode_step_s + float(sl.run_slot_s[1])
+        c = np.maximum(self.full_chunks[runs] * sl.stretch * cycle, 1e-12)  # cluster seconds
+        idle = arrivals_kept(gaps, c)
+        pace = self.interval * self.decode_step_s / cycle
         return float(np.sum(c * (idle + (1.0 - idle) * pace))) / max(float(c.sum()), 1e-300)
 
-    def window_chain(self, x: float, t: float, gaps=None) -> SlotChain:
+    def window_chain(self, sl: SlotLaw, gaps=None) -> SlotChain:
         """J, the ranks on a run chunk, as a Markov chain in admitting slots, for the TPOT law
-        at mean step `t`. Each busy rank's chunk is its run's last with probability own / (mean
+        at the law's mean step. Each busy rank's chunk is its run's last with probability own / (mean
         chunks a run), each free rank starts a run with probability 1 - exp(-x P(run) length)
         over the slot; a slot with J = j adds the tallest of j run chunks and the others'
         pieces (the expert group's share on top). A window opens where a prompt completes: one
@@ -185,16 +199,11 @@ class LockstepSlots:
         thinned over a cluster of runs in a closed loop as in `first_step`), one queued behind
         a run, as the run ends. The chain forgets which run holds a rank: every slot draws its
         heights afresh and runs end geometrically, so it keeps J's mean reversion but not a
-        long cold run's persistence (model.serve.tails uses it with the shot law)."""
-        from scipy.stats import binom
-
-        sl = self._slots(x, t)
-        dp, iv, td = self.dp, self.interval, self.td
+        long cold run's persistence (model.serve.tpot_law uses it with the shot law)."""
+        x, dp = sl.rate_per_rank_rps, self.dp
         j = np.arange(dp + 1)
-        runs = self.full >= 1
-        length = iv * td + np.r_[_mean(sl.f_quiet, sl.dy), sl.x_run[1:]]
-        own = np.maximum(1.0 - x * self.mean_full * length, 1e-3)
-        ends = np.minimum(own / (float(self.full[runs].mean()) if runs.any() else 1.0), 1.0)
+        runs = self.full_chunks >= 1
+        length, ends = self._slot_lengths(sl)
         starts = 1.0 - np.exp(-x * float(runs.mean()) * length)
         trans = np.zeros((dp + 1, dp + 1))
         for a in j:
@@ -209,8 +218,8 @@ class LockstepSlots:
         pmfs = np.zeros((dp + 1, GRID))
         pmfs[0] = np.diff(np.r_[0.0, sl.f_quiet])
         for n in j[1:]:
-            cdf = sl.f_run ** n * sl.f_pieces ** ((dp - n) / max(dp - 1, 1))
-            pmfs[n] = np.diff(np.r_[0.0, np.interp(grid - self.shared[n], grid, cdf, left=0.0)])
+            pmfs[n] = np.diff(np.r_[0.0, np.interp(grid - self.shared_s[n], grid,
+                                                   self._run_slot_cdf(sl, n), left=0.0)])
         arrive = pi * length * np.where(j > 0, self._kept_in_clusters(sl, gaps), 1.0)
         at_free = float(np.sum(arrive * (dp - j))) / max(float(arrive.sum()) * dp, 1e-300)
         free = (arrive @ trans) * (dp - j)  # completes in the next slot, at a free rank
@@ -219,21 +228,20 @@ class LockstepSlots:
                  + (1.0 - at_free) * behind / max(float(behind.sum()), 1e-300))
         return SlotChain(trans, pmfs, sl.dy, opens / max(float(opens.sum()), 1e-300))
 
-    def run_shots(self, x: float, t: float):
-        """For the TPOT law at mean step `t`: (quiet floor per admitting slot, chunks per
+    def run_shots(self, sl: SlotLaw):
+        """For the TPOT law at the law's mean step: (quiet floor per admitting slot, chunks per
         cluster, each cluster's extension per chunk, share of requests that open a cluster).
         The shots are clusters of overlapping runs, not runs: a run that starts while another
         holds the slots adds little (the step takes the taller chunk), but it lengthens the
         stretch of long steps. A cluster is one run (its chunk above the other ranks' packed
         pieces, E[(h - M)+] = integral_0^h P(M <= y) dy) lasting its chunks times the mean
         busy period of J per run, at the rate clusters open; the heights are scaled so the
-        clusters' mean is the slots' (2026-12-04: independent shots of each run's excess over
-        the others, the clustering's mean but not its bursts, put the TPOT P90 44% short)."""
-        sl = self._slots(x, t)
+        clusters' mean is the slots' (independent shots of each run's excess over the others
+        would keep the clustering's mean but not its bursts)."""
         pi, starts = sl.pi, sl.pi[:-1] * sl.births
         # the quiet slots' pieces under every slot, but never above the mean slot (near
         # saturation the rare quiet slots pile up every piece)
-        mean_slot = (sl.mean_step - self.td) * self.interval
+        mean_slot = (sl.mean_step_s - self.decode_step_s) * self.interval
         floor = min(_mean(sl.f_quiet, sl.dy), mean_slot)
         busy = 1.0 - pi[0]
         opens = float(starts[0] / max(float(starts.sum()), 1e-300))  # runs that open one
@@ -243,29 +251,27 @@ class LockstepSlots:
         depth = -np.log(max(float(pi[0]), 1e-300))
         f_above = sl.f_pieces * np.exp(-depth * (1.0 - sl.f_run))
         above = np.r_[0.0, np.cumsum(f_above) * sl.dy]
-        runs = self.full >= 1
-        h_eff = np.interp(self.full_ext[runs] / sl.dy, np.arange(GRID + 1), above)
+        runs = self.full_chunks >= 1
+        h_eff = np.interp(self.full_extension_s[runs] / sl.dy, np.arange(GRID + 1), above)
         extra = mean_slot - floor  # the clusters' share of the mean slot
-        per_slot = depth * float(np.sum(self.full[runs] * h_eff)) / max(
-            float(self.full[runs].sum()), 1e-300)
+        per_slot = depth * float(np.sum(self.full_chunks[runs] * h_eff)) / max(
+            float(self.full_chunks[runs].sum()), 1e-300)
         scale = extra / per_slot if per_slot > 0 else 0.0
         boolean = depth / busy if busy > 0 else 1.0
-        return (floor, self.full[runs] * sl.stretch, h_eff * scale,
+        return (floor, self.full_chunks[runs] * sl.stretch, h_eff * scale,
                 float(runs.mean()) * opens * boolean)
 
-    def _slots(self, x: float, t: float) -> _SlotLaw:
-        if self._law is None or self._law[0] != (x, t):
-            self._law = ((x, t), self._slot_law(x, t))
-        return self._law[1]
-
-    def _slot_law(self, x: float, t: float) -> _SlotLaw:
-        dp, iv, td = self.dp, self.interval, self.td
-        p = min(x * self.mean_full * t * iv, 0.999)  # a rank holds a run chunk in a slot
+    def law(self, x: float, t: float, grid: SlotGrid | None = None) -> SlotLaw:
+        """The slot picture at x requests/s per rank and mean step `t`, on `grid` while it
+        reaches (None: a fresh one)."""
+        dp, iv, td = self.dp, self.interval, self.decode_step_s
+        p = min(x * self.mean_full_chunks * t * iv, 0.999)  # a rank holds a run chunk in a slot
         per_slot = x * t * iv  # last pieces reaching a rank per slot, on average
         width = per_slot / max((1.0 - p) ** dp, 1e-3)
-        y_max = 1.05 * max(self.top, width * self.last_mean
-                           + 10.0 * np.sqrt(width * self.last_m2) + self.top)
-        dy, f_run, piece = self._grid(y_max)
+        y_max = 1.05 * max(self.top_s, width * self.last_mean_s
+                           + 10.0 * np.sqrt(width * self.last_square_mean_s2) + self.top_s)
+        grid = self._grid(y_max, grid)
+        dy, f_run, piece = grid.dy, grid.f_run, grid.piece
         # a slot where j ranks hold a run chunk lasts as long as the tallest of them and of the
         # pieces the other ranks packed from the arrivals during it
         j = np.arange(dp + 1)
@@ -275,16 +281,15 @@ class LockstepSlots:
             for _ in range(3):  # a run slot draws arrivals over its own length
                 mu_run[n] = x * (iv * td + x_run[n])
                 x_run[n] = _mean(f_run ** n * self._packed_cdf(mu_run[n], piece) ** (dp - n),
-                                 dy) + self.shared[n]
+                                 dy) + self.shared_s[n]
         # J, the ranks on a run chunk, is a birth-death chain in slots: each of the dp - J free
         # ranks starts runs at the rate run chunks reach it over the slot's length, each busy
         # rank freeing after its chunks (a stationary law insensitive to how many). Run slots are
         # ~20x longer than quiet ones, so runs that start during a run overlap it: they
         # cluster, where independent ranks (a binomial J) spread them. DSV4 DEP8, 128 sessions,
-        # cadence 1 (2026-12-04): P(J = 0..3) 0.953 / 0.035 / 0.010 / 0.002, simulated 0.947
-        # / 0.042 / 0.010 / 0.001 (binomial 0.936 / 0.062 / 0.002 / 0); the mean step 70.6 ms
-        # against 69.5-74.6 simulated (88.5 ms with the binomial)
-        rate = x * self.mean_full  # run chunks reaching a rank per second
+        # cadence 1: P(J = 0..3) 0.953 / 0.035 / 0.010 / 0.002, simulated 0.947 / 0.042 /
+        # 0.010 / 0.001 (binomial 0.936 / 0.062 / 0.002 / 0)
+        rate = x * self.mean_full_chunks  # run chunks reaching a rank per second
         x_quiet, pi, own = 0.0, None, None
         for _ in range(4):
             length = iv * td + np.r_[x_quiet, x_run[1:]]
@@ -295,7 +300,7 @@ class LockstepSlots:
                 seen = pi[1:] * j[1:]
                 run_slot = float(np.sum(seen * length[1:] / own)) / max(float(seen.sum()),
                                                                           1e-300)
-                rate = x * (self.mean_full + self.merge.extra(x * run_slot))
+                rate = x * (self.mean_full_chunks + self.merge.extra(x * run_slot))
             births = (dp - j[:-1]) * rate * length[:-1]
             # a running rank's own arrivals queue behind its run and extend it (M/G/1 busy
             # period, mean run / (1 - its load in the slot)): one rank conserves work exactly
@@ -304,8 +309,8 @@ class LockstepSlots:
             pi = pi / pi.sum()
             # pieces: a free rank packs its arrivals in the next slot (masked in a run slot); a
             # busy rank's wait behind its run and come out as it frees, into a quiet slot only
-            # if it was the last one running (else masked). Sending them all to quiet slots
-            # piled every piece into the rare quiet slots near saturation
+            # if it was the last one running (else masked), so the rare quiet slots near
+            # saturation do not collect every piece
             frees = pi[1:] * j[1:] * own  # per-rank death flux from J = 1..dp
             last = float(frees[0] / max(float(frees.sum()), 1e-300))
             queued = x * float(np.sum(pi[1:] * j[1:] * length[1:])) / dp
@@ -313,8 +318,8 @@ class LockstepSlots:
             x_quiet = _mean(self._packed_cdf(mu_quiet, piece) ** dp, dy)
         f_quiet = self._packed_cdf(mu_quiet, piece) ** dp
         ext = float(pi[0] * x_quiet + np.sum(pi[1:] * x_run[1:]))
-        return _SlotLaw(td + ext / iv, f_quiet, dy, pi, births, x_run,
-                        self._packed_cdf(mu_run[1], piece) ** (dp - 1), f_run)
+        return SlotLaw(td + ext / iv, f_quiet, dy, pi, births, x_run,
+                       self._packed_cdf(mu_run[1], piece) ** (dp - 1), f_run, x, grid)
 
 
 def _compressed(offsets, weights, in_run, own, points: int):
@@ -344,9 +349,9 @@ class _MergeLaw:
     what waits behind a run (its last piece, then the prompts that reached the rank meanwhile)
     fills floor(tokens / chunk) full slots before a partial one, where counting each prompt's
     chunks on its own (its floor) leaves the pieces to one packed slot: a prompt that starts in
-    the room another left needs one slot more. Measured as non-final chunk slots per request,
-    DSV4 DEP8 under the 64-session AgentX population (simulator, seed 1, 2026-12-04): +0.037 at
-    256 sessions, cadence 8 (this law: +0.042), +0.019 at 128 (+0.019), +0.012 at 128, cadence 1
+    the room another left needs one slot more. Non-final chunk slots per request beyond that
+    count, DSV4 DEP8 under the 64-session AgentX population (simulator, seed 1): +0.037 at 256
+    sessions, cadence 8 (this law: +0.042), +0.019 at 128 (+0.019), +0.012 at 128, cadence 1
     (+0.014)."""
 
     BINS = 1 << 12  # token grid: chunk / 32 a bin, up to 128 chunks queued
@@ -378,7 +383,7 @@ class _MergeLaw:
         return total
 
 
-@dataclass
+@dataclass(frozen=True)
 class SlotChain:
     """J in admitting slots: transition matrix, per-state pmf of the slot's extension on the
     grid k·dy, and the law of J in the slot where a decode window opens."""
@@ -388,12 +393,13 @@ class SlotChain:
     dy: float
     opens: np.ndarray
 
-    def __post_init__(self) -> None:
+    @cached_property
+    def _tallest(self) -> tuple[float, float, float]:
+        """(mean, variance, top) of the tallest state's slot extension."""
         grid = np.arange(self.pmfs.shape[-1]) * self.dy
         mean = self.pmfs @ grid
-        self._tallest = (float(mean.max()),
-                         float(np.maximum(self.pmfs @ grid**2 - mean**2, 0.0).max()),
-                         float(grid[np.flatnonzero(self.pmfs.max(axis=0) > 1e-12).max()]))
+        return (float(mean.max()), float(np.maximum(self.pmfs @ grid**2 - mean**2, 0.0).max()),
+                float(grid[np.flatnonzero(self.pmfs.max(axis=0) > 1e-12).max()]))
 
     def span(self, slots: float) -> float:
         """A span holding the extension summed over `slots` slots (10 sd past the tallest
@@ -402,23 +408,56 @@ class SlotChain:
         m = max(slots, 1.0)
         return m * mean + 10.0 * np.sqrt(m * var) + top
 
+    def sum_pmf(self, slots: float, dz: float, n: int) -> np.ndarray:
+        """pmf on the grid k·dz (n points) of the extension summed over `slots` admitting slots
+        (whole counts either side, mixed), from the state where the window opens: opens'
+        (P D(theta))^m 1, D the states' transforms."""
+        pos = np.arange(self.pmfs.shape[-1]) * self.dy / dz
+        lo = np.minimum(np.floor(pos).astype(int), n - 1)
+        up = np.minimum(lo + 1, n - 1)
+        frac = pos - np.floor(pos)
+        binned = np.stack([np.bincount(lo, p * (1.0 - frac), 2 * n)
+                           + np.bincount(up, p * frac, 2 * n) for p in self.pmfs])
+        phi = np.fft.rfft(binned, axis=1)  # (states, frequencies)
+        step = self.trans[None, :, :] * phi.T[:, None, :]  # P D(theta): column b scaled by phi_b
+        whole = int(np.floor(slots))
+        rest = slots - whole
+        power = np.linalg.matrix_power(step, whole)
+        cf = (1.0 - rest) * np.einsum("a,kab->k", self.opens, power)
+        if rest > 0:
+            cf = cf + rest * np.einsum("a,kab,kbc->k", self.opens, power, step)
+        out = np.maximum(np.fft.irfft(cf, 2 * n)[:n], 0.0)
+        return out / max(out.sum(), 1e-300)
 
-@dataclass
-class _SlotLaw:
+
+@dataclass(frozen=True)
+class SlotGrid:
+    """The slot picture's grid k·dy: the run chunks' height cdf (chunk weighted) on it and the
+    transform of one last piece (less one)."""
+
+    dy: float
+    f_run: np.ndarray
+    piece: np.ndarray
+
+
+@dataclass(frozen=True)
+class SlotLaw:
     """One evaluation of the slot picture: the mean step; the quiet slots' extension cdf on the
     grid k·dy; the law of J (ranks on a run chunk) and its births per slot (in mean chunks per
     run: run starts x mean chunks) from J = 0..dp-1; the mean slot extension given J; the
-    cdf of what the other ranks pack beside a lone run; and the run chunks' height cdf (chunk
-    weighted)."""
+    cdf of what the other ranks pack beside a lone run; the run chunks' height cdf (chunk
+    weighted); the rate (requests/s per rank) and the grid it was evaluated at."""
 
-    mean_step: float
+    mean_step_s: float
     f_quiet: np.ndarray
     dy: float
     pi: np.ndarray
     births: np.ndarray
-    x_run: np.ndarray
+    run_slot_s: np.ndarray
     f_pieces: np.ndarray
     f_run: np.ndarray
+    rate_per_rank_rps: float
+    grid: SlotGrid
 
     @property
     def stretch(self) -> float:

@@ -70,16 +70,21 @@ def mg1_wait_pmf(service_s, rho: float, dt: float, n: int) -> tuple[np.ndarray, 
         out[0] = 1.0
         return out, 0.0
     m = 2 * n  # zero padding keeps the circular sums from wrapping
-    edges = np.arange(n + 1) * dt
-    # the residual's mass in cell [i dt, (i + 1) dt), half to each end (at the left point the
-    # wait came out half a cell short)
-    resid = np.diff(expected_min(s, edges)) / s.mean()
+    # the residual's mass in cell [i dt, (i + 1) dt), half to each end (all at the left point
+    # the wait comes out half a cell short)
+    resid = residual_mass(s, np.arange(n + 1) * dt)
     resid = 0.5 * (resid + np.r_[0.0, resid[:-1]])
     resid = resid / max(resid.sum(), 1e-300)
     r_hat = np.fft.rfft(resid, m)
     w_hat = (1.0 - rho) / (1.0 - rho * r_hat)
     pmf = np.maximum(np.fft.irfft(w_hat, m)[:n], 0.0)
     return pmf / max(pmf.sum(), 1e-300), rho
+
+
+def residual_mass(sorted_s: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Mass of the equilibrium residual of a lifetime S (density P(S > y) / E[S]) in each cell
+    between `edges`, from its sorted sample."""
+    return np.diff(expected_min(sorted_s, edges)) / max(float(sorted_s.mean()), 1e-300)
 
 
 def split_bins(pos: np.ndarray, weights, n: int) -> np.ndarray:
@@ -278,3 +283,61 @@ def _max_occupancy(balls: int, bins: int) -> float:
     at_most = np.clip(power / poisson.pmf(balls, balls), 0.0, 1.0)
     # E[max] = sum over r >= 0 of P(max > r): 1 for every r below balls / bins
     return float(r_lo + np.sum(1.0 - at_most))
+
+
+def kingman_wait_exceeds(rho: float, wait_s: float, ca2: float, cs2: float,
+                         thresholds_s: np.ndarray) -> float:
+    """P(W > L) averaged over the sample `thresholds_s` of L, for the G/G/1 wait of mean `wait_s`
+    (Kingman's, `kingman_wait_s`): busy with probability rho, then exponential of mean
+    wait / rho, stretched by (ca2 + cs2) / (1 + cs2) for bursty arrivals."""
+    tail = wait_s * (ca2 + cs2) / (1.0 + cs2) / rho
+    return rho * float(np.mean(np.exp(-thresholds_s / max(tail, 1e-30))))
+
+
+def pk_wait_transform(rate: float, rho: float, service_s: np.ndarray) -> float:
+    """E[exp(-rate W)] of the M/G/1 wait at the arrival rate itself: the Pollaczek-Khinchine
+    transform W*(s) = (1 - rho) s / (s - rate (1 - S*(s))) at s = rate, (1 - rho) / S*(rate):
+    the probability that nobody arrives during a wait."""
+    return (1.0 - rho) / max(float(np.mean(np.exp(-rate * service_s))), 1e-300)
+
+
+def arrivals_kept(gaps_s: np.ndarray, span_s) -> np.ndarray:
+    """E[min(gap, D)] / D: the share of a stationary arrival stream that still arrives during a
+    span D when nobody who arrives returns before it ends (closed loop, heavy-tailed gaps)."""
+    d = np.maximum(np.asarray(span_s, float), 1e-12)
+    return np.minimum(expected_min(np.sort(np.asarray(gaps_s, float)), d) / d, 1.0)
+
+
+def arrivals_kept_cycling(gaps_s: np.ndarray, cycle_s: float, step_s: float, heights_s,
+                          steps) -> np.ndarray:
+    """Share of a closed loop's arrivals that still come during a run of `steps` steps extended
+    by `heights_s` on one rank, where sessions keep cycling: a session's cycle (`cycle_s`: mean
+    gap Z plus active time A) has its active part stretched by s = (step + h) / step, so over a
+    long run they arrive at (Z + A) / (Z + A s) of the rate; over a short one those already idle
+    arrive as before (`arrivals_kept`, E[min(gap, D)] / D over the run's D seconds)."""
+    z = float(np.mean(gaps_s))
+    active = max(cycle_s - z, 0.0)
+    heights_s = np.asarray(heights_s, float)
+    slowed = (z + active) / np.maximum(z + active * (step_s + heights_s) / step_s, 1e-300)
+    return slowed + (1.0 - slowed) * arrivals_kept(gaps_s,
+                                                   np.asarray(steps, float) * (step_s + heights_s))
+
+
+def excitation_shape(eta, rate_per_step: float, heights, lengths, window: float
+                     ) -> float | None:
+    """Gamma shape of the run rate seen over a window of `window` steps (the `rate_shape` of
+    `compound_shot_pmf`). The per-step work of self-excited runs has variance
+    lam E[k h^2] / (1 - eta) (eta: the share of the step that draws more arrivals, per run;
+    negative binomial where Poisson has 1 / (1 - eta) less), i.e. a rate factor of variance
+    lam E[eta / (1 - eta) k h^2] / (lam E[k h])^2; averaged over the window, a run of k steps
+    keeps 1 - u / 3 of it (u = window / k <= 1), else 1 / u - 1 / (3 u^2). None: no
+    excitation (Poisson counts)."""
+    lam, k = rate_per_step, lengths
+    mean = lam * float(np.mean(heights * k))
+    eta = np.broadcast_to(np.asarray(eta, float), np.shape(heights))
+    if not np.any(eta > 0) or mean <= 0:
+        return None
+    u = window / np.maximum(k, 1.0)
+    keep = np.where(u <= 1.0, 1.0 - u / 3.0, 1.0 / u - 1.0 / (3.0 * u * u))
+    var = lam * float(np.mean(eta / (1.0 - eta) * k * heights**2 * keep)) / mean**2
+    return 1.0 / var if var > 0 else None

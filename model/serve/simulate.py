@@ -6,7 +6,7 @@ token budget, `max_num_seqs` and the KV pool allow; each prefill chunk is capped
 `long_prefill_token_threshold`, and prefill runs only on steps whose shared counter is a multiple
 of `prefill_schedule_interval`. DP ranks step in lock-step: a step lasts as long as the slowest
 rank's. Step durations come from the same `step_model.step_time_s` the closed form uses, so the
-two differ only by the queueing approximations of `model.serve.engine`.
+two differ only by the queueing approximations of the closed form (`model.serve.engine`).
 
 Stretches of decode-only steps with no arrival, prefill or completion in between are advanced in
 one jump (same result, far fewer Python iterations).
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.serve.engine import request_mix_for
 from model.serve.policy import EnginePolicy
+from model.serve.request_mix import request_mix_for
 from model.specs.errors import ServecastError
 from model.specs.workload import ClosedLoop, Load, OpenLoop, TraceArrivals, Workload
 
@@ -86,33 +86,40 @@ class _Rank:
         self.waiting: deque[int] = deque()
         self.prefilling: list[int] = []  # admitted, prompt not finished, in admission order
         self.decoding: list[int] = []
-        self.kv_used = 0.0
+        self.kv_used_tokens = 0.0
 
 
 class _Requests:
-    """Growable per-request arrays."""
+    """Growable per-request arrays: arrival, context, uncached, remaining prefill and output
+    tokens, tokens generated, first-token and finish times (NaN until then), lane."""
+
+    FIELDS = ("arrival_s", "context_tokens", "uncached_tokens", "remaining_tokens",
+              "output_tokens", "generated_tokens", "first_token_s", "finish_s", "lane")
+    UNSET = ("first_token_s", "finish_s")  # NaN until set
 
     def __init__(self, capacity: int = 1024) -> None:
-        self.n = 0
-        self._cap = 0
-        self._grow(capacity)
+        self.n, self._cap = 0, capacity
+        self.arrival_s, self.context_tokens = np.zeros(capacity), np.zeros(capacity)
+        self.uncached_tokens, self.remaining_tokens = np.zeros(capacity), np.zeros(capacity)
+        self.output_tokens, self.generated_tokens = np.zeros(capacity), np.zeros(capacity)
+        self.first_token_s, self.finish_s = np.full(capacity, np.nan), np.full(capacity, np.nan)
+        self.lane = np.zeros(capacity)
 
-    def _grow(self, cap: int) -> None:
-        fields = ("arrival", "ctx", "unc", "rem", "out", "gen", "first", "finish", "lane")
-        old = {f: getattr(self, f) for f in fields} if self._cap else {}
-        for f in fields:
-            arr = np.full(cap, np.nan) if f in ("first", "finish") else np.zeros(cap)
-            if f in old:
-                arr[: self._cap] = old[f]
+    def _grow(self) -> None:
+        cap = 2 * self._cap
+        for f in self.FIELDS:
+            arr = np.full(cap, np.nan) if f in self.UNSET else np.zeros(cap)
+            arr[: self._cap] = getattr(self, f)
             setattr(self, f, arr)
         self._cap = cap
 
-    def add(self, arrival, ctx, unc, out, lane) -> int:
+    def add(self, arrival_s, context_tokens, uncached_tokens, output_tokens, lane) -> int:
         if self.n == self._cap:
-            self._grow(2 * self._cap)
+            self._grow()
         i = self.n
-        self.arrival[i], self.ctx[i], self.unc[i], self.rem[i] = arrival, ctx, unc, unc
-        self.out[i], self.gen[i], self.lane[i] = out, 0.0, lane
+        self.arrival_s[i], self.context_tokens[i] = arrival_s, context_tokens
+        self.uncached_tokens[i] = self.remaining_tokens[i] = uncached_tokens
+        self.output_tokens[i], self.generated_tokens[i], self.lane[i] = output_tokens, 0.0, lane
         self.n += 1
         return i
 
@@ -124,9 +131,9 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     """Run the policy on `load` for `duration_s` of simulated time; statistics cover requests
     that arrive between `warmup_s` (default 20% of the duration) and `duration_s`. The run goes
     on past `duration_s`, the load with it, until those requests finish (for at most a quarter
-    of the duration more): cutting them off at the end would drop the longest waits, which on
-    heavy-tailed traffic moved a TTFT P99 by 29% (agentx-n48-indep seed 1, 2026-12-04). A run
-    that reaches `max_steps` before `duration_s` is an error, not a shorter window.
+    of the duration more): cutting them off at the end would drop the longest waits (on
+    agentx-n48-indep, seed 1, 29% of the TTFT P99). A run that reaches `max_steps` before
+    `duration_s` is an error, not a shorter window.
 
     Closed loop: each lane plays synthetic sessions from `workload` back to back, starting at a
     random turn of its first session (AgentX warm start), that session drawn in proportion to
@@ -140,212 +147,281 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     if duration_s <= 0:
         raise ServecastError(f"simulate: duration_s: must be > 0, got {duration_s}")
     warmup_s = 0.2 * duration_s if warmup_s is None else warmup_s
-    stop_s = 1.25 * duration_s  # the drain's limit (an unstable queue never drains)
     rng = np.random.default_rng(seed)
-    budget_total = policy.max_num_batched_tokens
-    cap = policy.chunk_cap
-    interval = policy.prefill_schedule_interval
-    q = float(getattr(step_model, "tokens_per_decode_step", 1.0) or 1.0)  # MTP tokens per step
-    reqs = _Requests()
-    ranks = [_Rank() for _ in range(dp_ranks)]
-    events: list[tuple[float, int, int]] = []  # (time, seq, request id) arrivals
-    seq = 0
-    kv_cap = _kv_capacity(step_model, workload, hit_rate, load) / dp_ranks
-
-    # ---- arrival sources
-    lanes: list[dict] = []
+    kv_tokens = _kv_capacity(step_model, workload, hit_rate, load) / dp_ranks
+    sim = _Simulation(step_model, policy, load, dp_ranks, duration_s, kv_tokens)
     if isinstance(load, ClosedLoop):
         if workload is None:
             raise ServecastError("simulate: a closed loop needs a workload")
         pool = (_SessionPool(workload, seed, hit_rate) if sessions
                 else _MixPool(workload, seed, hit_rate))
-        firsts = _first_sessions(pool, load.concurrency, rng)
-        for lane in range(load.concurrency):
-            sess = firsts[lane]
-            start = int(rng.integers(0, len(sess[0])))  # warm start at a random turn
-            lanes.append({"s": sess, "k": start})
-            t0 = float(rng.uniform(0, 1.0))  # stagger the first arrivals over one second
-            i = reqs.add(t0, sess[0][start], sess[1][start], sess[2][start], lane)
-            heapq.heappush(events, (t0, seq, i))
-            seq += 1
+        sim.start_lanes(pool, rng)
     elif isinstance(load, OpenLoop):
         if workload is None:
             raise ServecastError("simulate: an open loop needs a workload")
-        mix = workload.request_mix(20_000, seed, hit_rate)
-        shape = 1.0 / load.interarrival_cv**2
-        t, j = 0.0, 0
-        while t < stop_s:
-            t += rng.gamma(shape, 1.0 / (shape * load.rate_per_s))
-            k = j % len(mix)
-            i = reqs.add(t, mix.context_tokens[k], mix.uncached_tokens[k],
-                         mix.output_tokens[k], j)
-            heapq.heappush(events, (t, seq, i))
-            seq, j = seq + 1, j + 1
+        sim.start_open(workload.request_mix(20_000, seed, hit_rate), rng)
     elif isinstance(load, TraceArrivals):
-        for j, t in enumerate(load.arrival_s):
-            if t >= stop_s:
-                break
-            i = reqs.add(float(t), load.context_tokens[j], load.uncached_tokens[j],
-                         load.output_tokens[j], j)
-            heapq.heappush(events, (float(t), seq, i))
-            seq += 1
+        sim.start_trace()
     else:
         raise ServecastError(f"simulate: unknown load {type(load).__name__}")
+    sim.run(max_steps, warmup_s)
+    if sim.counter >= max_steps and sim.clock_s < duration_s:
+        raise ServecastError(f"simulate: max_steps: {max_steps:,} steps reached at {sim.clock_s:,.0f} "
+                             f"s of duration_s {duration_s:,.0f} s; raise max_steps or shorten "
+                             "the run")
+    return sim.result(warmup_s)
 
-    t = 0.0
-    counter = 0
-    steps_t: list[float] = []
-    steps_dt: list[float] = []
-    steps_n: list[int] = []
-    steps_dec: list[float] = []
-    steps_pre: list[float] = []
-    draining = None  # the measured requests still unfinished at duration_s
-    while counter < max_steps:
-        if t >= duration_s:
-            if draining is None:
-                n = reqs.n
-                draining = np.flatnonzero((reqs.arrival[:n] >= warmup_s)
-                                          & (reqs.arrival[:n] < duration_s)
-                                          & np.isnan(reqs.finish[:n]))
-            if t >= stop_s or not np.isnan(reqs.finish[draining]).any():
+
+@dataclass
+class _Lane:
+    """A closed-loop lane: the session it plays (context, uncached, output, gap arrays) and the
+    turn it is on."""
+
+    session: tuple
+    turn: int
+
+
+class _Simulation:
+    """The running simulation: clock, step counter, requests, ranks, pending arrivals (a heap
+    of (time, sequence, request)), closed-loop lanes and the per-step record."""
+
+    def __init__(self, step_model, policy: EnginePolicy, load: Load, dp: int,
+                 duration_s: float, kv_capacity_tokens: float) -> None:
+        self.step_model, self.policy, self.load, self.dp = step_model, policy, load, dp
+        self.duration_s = duration_s
+        self.stop_s = 1.25 * duration_s  # the drain's limit (an unstable queue never drains)
+        self.kv_capacity_tokens = kv_capacity_tokens
+        # MTP tokens per decode step
+        self.tokens_per_step = float(getattr(step_model, "tokens_per_decode_step", 1.0) or 1.0)
+        self.reqs = _Requests()
+        self.ranks = [_Rank() for _ in range(dp)]
+        self.events: list[tuple[float, int, int]] = []
+        self.seq = 0
+        self.lanes: list[_Lane] = []
+        self.pool = None
+        self.clock_s, self.counter = 0.0, 0
+        # per recorded step: end time, duration, steps it stands for, decodes, prefill tokens
+        self.steps: tuple[list, ...] = ([], [], [], [], [])
+
+    def _push(self, t: float, i: int) -> None:
+        heapq.heappush(self.events, (t, self.seq, i))
+        self.seq += 1
+
+    def start_lanes(self, pool, rng) -> None:
+        """One lane per session slot, each at a random turn of its first session, its first
+        arrival staggered over one second."""
+        self.pool = pool
+        firsts = _first_sessions(pool, self.load.concurrency, rng)
+        for lane in range(self.load.concurrency):
+            sess = firsts[lane]
+            start = int(rng.integers(0, len(sess[0])))  # warm start at a random turn
+            self.lanes.append(_Lane(sess, start))
+            t0 = float(rng.uniform(0, 1.0))
+            self._push(t0, self.reqs.add(t0, sess[0][start], sess[1][start], sess[2][start],
+                                         lane))
+
+    def start_open(self, mix, rng) -> None:
+        """Gamma inter-arrivals at the load's rate and CV, requests cycling through `mix`."""
+        shape = 1.0 / self.load.interarrival_cv**2
+        t, j = 0.0, 0
+        while t < self.stop_s:
+            t += rng.gamma(shape, 1.0 / (shape * self.load.rate_per_s))
+            k = j % len(mix)
+            self._push(t, self.reqs.add(t, mix.context_tokens[k], mix.uncached_tokens[k],
+                                        mix.output_tokens[k], j))
+            j += 1
+
+    def start_trace(self) -> None:
+        load = self.load
+        for j, t in enumerate(load.arrival_s):
+            if t >= self.stop_s:
                 break
-        while events and events[0][0] <= t:
-            _, _, i = heapq.heappop(events)
-            ranks[int(reqs.lane[i]) % dp_ranks].waiting.append(i)
-        prefill_step = counter % interval == 0
-        any_decode = any(r.decoding for r in ranks)
-        if not prefill_step and not any_decode:
-            prefill_step = True  # nothing to protect: the saturation guard lets prefill run
-        work = any(r.decoding or ((r.prefilling or r.waiting) and prefill_step) for r in ranks)
-        if not work:
-            if not events:
-                if any(r.prefilling or r.waiting for r in ranks):
-                    counter += 1
-                    continue
-                break
-            nxt = events[0][0]
-            cap_s = getattr(load, "idle_cap_s", None)
-            if lanes and cap_s is not None and nxt - t > cap_s and not any(
-                    r.decoding or r.prefilling or r.waiting for r in ranks):
-                # nothing in flight: the replay shifts every pending timer so the idle
-                # interval lasts cap_s (a uniform shift keeps the heap ordered)
-                shift = nxt - t - cap_s
-                events = [(e - shift, s_, j) for e, s_, j in events]
-                for _, _, j in events:
-                    reqs.arrival[j] -= shift
-                nxt -= shift
-            t = max(t, nxt)
-            continue
-        # ---- compose the step on every rank
-        plans = []
-        for r in ranks:
-            dec = r.decoding
-            budget = budget_total - len(dec)
-            chunks: list[tuple[int, float]] = []
-            if prefill_step:
-                for i in r.prefilling:
-                    if budget <= 0:
-                        break
-                    c = min(reqs.rem[i], cap, budget)
-                    chunks.append((i, c))
-                    budget -= c
-                while (r.waiting and budget > 0
-                       and len(r.decoding) + len(r.prefilling) < policy.max_num_seqs):
-                    i = r.waiting[0]
-                    need = reqs.ctx[i] + reqs.out[i]
-                    if r.kv_used + need > kv_cap and (r.decoding or r.prefilling):
-                        break  # KV pool full: wait for a request to finish (no preemption)
-                    r.waiting.popleft()
-                    r.prefilling.append(i)
-                    r.kv_used += need
-                    c = min(reqs.rem[i], cap, budget)
-                    chunks.append((i, c))
-                    budget -= c
-            plans.append((dec, chunks))
-        # ---- step duration: the slowest rank (DP lock-step)
+            self._push(float(t), self.reqs.add(float(t), load.context_tokens[j],
+                                               load.uncached_tokens[j], load.output_tokens[j], j))
+
+    def run(self, max_steps: int, warmup_s: float) -> None:
+        draining = None  # the measured requests still unfinished at duration_s
+        reqs, ranks = self.reqs, self.ranks
+        while self.counter < max_steps:
+            if self.clock_s >= self.duration_s:
+                if draining is None:
+                    n = reqs.n
+                    draining = np.flatnonzero((reqs.arrival_s[:n] >= warmup_s)
+                                              & (reqs.arrival_s[:n] < self.duration_s)
+                                              & np.isnan(reqs.finish_s[:n]))
+                if self.clock_s >= self.stop_s or not np.isnan(reqs.finish_s[draining]).any():
+                    break
+            while self.events and self.events[0][0] <= self.clock_s:
+                _, _, i = heapq.heappop(self.events)
+                ranks[int(reqs.lane[i]) % self.dp].waiting.append(i)
+            prefill_step = self.counter % self.policy.prefill_schedule_interval == 0
+            if not prefill_step and not any(r.decoding for r in ranks):
+                prefill_step = True  # nothing to protect: the saturation guard lets prefill run
+            if not any(r.decoding or ((r.prefilling or r.waiting) and prefill_step)
+                       for r in ranks):
+                if not self._idle():
+                    break
+                continue
+            plans = [self._compose(r, prefill_step) for r in ranks]
+            n_jump, dt = self._jump(plans)
+            self.clock_s += dt * n_jump
+            self.counter += n_jump
+            for record, value in zip(self.steps, (
+                    self.clock_s, dt, n_jump, sum(len(dec) for dec, _ in plans),
+                    sum(c for _, ch in plans for _, c in ch)), strict=True):
+                record.append(value)
+            for r, plan in zip(ranks, plans, strict=True):
+                self._apply(r, plan, n_jump)
+
+    def _idle(self) -> bool:
+        """Nothing to step: wait for the next arrival (False: nothing will ever come). While
+        nothing is in flight the replay shifts every pending timer so the idle interval lasts
+        the load's idle cap (a uniform shift keeps the heap ordered)."""
+        ranks = self.ranks
+        if not self.events:
+            if any(r.prefilling or r.waiting for r in ranks):
+                self.counter += 1
+                return True
+            return False
+        nxt = self.events[0][0]
+        cap_s = getattr(self.load, "idle_cap_s", None)
+        if self.lanes and cap_s is not None and nxt - self.clock_s > cap_s and not any(
+                r.decoding or r.prefilling or r.waiting for r in ranks):
+            shift = nxt - self.clock_s - cap_s
+            self.events = [(e - shift, s_, j) for e, s_, j in self.events]
+            for _, _, j in self.events:
+                self.reqs.arrival_s[j] -= shift
+            nxt -= shift
+        self.clock_s = max(self.clock_s, nxt)
+        return True
+
+    def _compose(self, r: _Rank, prefill_step: bool) -> tuple[list, list]:
+        """(decoding requests, [(request, chunk tokens)]) of one rank's next step: in-flight
+        prefills first, then admissions while the budget, max_num_seqs and the KV pool allow."""
+        reqs, cap = self.reqs, self.policy.chunk_cap
+        dec = r.decoding
+        budget = self.policy.max_num_batched_tokens - len(dec)
+        chunks: list[tuple[int, float]] = []
+        if prefill_step:
+            for i in r.prefilling:
+                if budget <= 0:
+                    break
+                c = min(reqs.remaining_tokens[i], cap, budget)
+                chunks.append((i, c))
+                budget -= c
+            while (r.waiting and budget > 0
+                   and len(r.decoding) + len(r.prefilling) < self.policy.max_num_seqs):
+                i = r.waiting[0]
+                need = reqs.context_tokens[i] + reqs.output_tokens[i]
+                if r.kv_used_tokens + need > self.kv_capacity_tokens and (r.decoding or r.prefilling):
+                    break  # KV pool full: wait for a request to finish (no preemption)
+                r.waiting.popleft()
+                r.prefilling.append(i)
+                r.kv_used_tokens += need
+                c = min(reqs.remaining_tokens[i], cap, budget)
+                chunks.append((i, c))
+                budget -= c
+        return dec, chunks
+
+    def _jump(self, plans) -> tuple[int, float]:
+        """(steps, step duration): the slowest rank's step (DP lock-step); a decode-only
+        stretch runs as one jump to the next completion, arrival or prefill slot, at its mean
+        context (contexts grow by q per step)."""
+        reqs, q, interval = self.reqs, self.tokens_per_step, self.policy.prefill_schedule_interval
         n_jump = 1
         if all(not chunks for _, chunks in plans):
-            # decode-only stretch: jump to the next completion, arrival or prefill slot
-            left = min(float(np.min(reqs.out[d] - reqs.gen[d])) for d in
+            left = min(float(np.min(reqs.output_tokens[d] - reqs.generated_tokens[d])) for d in
                        (np.asarray(dec) for dec, _ in plans if dec))
             n_jump = max(int(np.ceil(left / q)), 1)
-            if events:
-                dt0 = _rank_times(step_model, reqs, plans, dp_ranks, 0.0)
-                n_jump = min(n_jump, max(int(np.ceil((events[0][0] - t) / dt0)), 1))
-            if any(r.prefilling or r.waiting for r in ranks):
-                n_jump = min(n_jump, (-counter) % interval or interval)
-        # contexts grow by q per step: the stretch runs at its mean context
-        dt = _rank_times(step_model, reqs, plans, dp_ranks, q * (n_jump - 1) / 2.0)
+            if self.events:
+                dt0 = _rank_times(self.step_model, reqs, plans, self.dp, 0.0)
+                n_jump = min(n_jump, max(int(np.ceil((self.events[0][0] - self.clock_s) / dt0)), 1))
+            if any(r.prefilling or r.waiting for r in self.ranks):
+                n_jump = min(n_jump, (-self.counter) % interval or interval)
+        dt = _rank_times(self.step_model, reqs, plans, self.dp, q * (n_jump - 1) / 2.0)
         if dt <= 0 or not np.isfinite(dt):
             raise ServecastError(f"simulate: step model returned a step time of {dt} s")
         if n_jump > 1:
-            end = duration_s if t < duration_s else stop_s
-            n_jump = min(n_jump, max(int(np.ceil((end - t) / dt)), 1))
-        t += dt * n_jump
-        counter += n_jump
-        steps_t.append(t)
-        steps_dt.append(dt)
-        steps_n.append(n_jump)
-        steps_dec.append(sum(len(dec) for dec, _ in plans))
-        steps_pre.append(sum(c for _, ch in plans for _, c in ch))
-        # ---- apply the step
-        for r, (dec, chunks) in zip(ranks, plans, strict=True):
-            finished = []
-            if dec:
-                d = np.asarray(dec)
-                reqs.gen[d] += n_jump * q
-                fin = d[reqs.gen[d] >= reqs.out[d]]
-                finished.extend(fin.tolist())
-            for i, c in chunks:
-                reqs.rem[i] -= c
-                if reqs.rem[i] <= 0:
-                    r.prefilling.remove(i)
-                    reqs.first[i] = t
-                    reqs.gen[i] = 1.0  # the last prefill chunk samples the first token
-                    if reqs.out[i] <= 1:
-                        finished.append(i)
-                    else:
-                        r.decoding.append(i)
-            if finished:
-                fin_set = set(finished)
-                r.decoding = [i for i in r.decoding if i not in fin_set]
-                for i in finished:
-                    reqs.finish[i] = t
-                    r.kv_used -= reqs.ctx[i] + reqs.out[i]
-                    if lanes:
-                        seq = _next_turn(lanes, reqs, i, t, load, events, seq, pool)
+            end = self.duration_s if self.clock_s < self.duration_s else self.stop_s
+            n_jump = min(n_jump, max(int(np.ceil((end - self.clock_s) / dt)), 1))
+        return n_jump, dt
 
-    if counter >= max_steps and t < duration_s:
-        raise ServecastError(f"simulate: max_steps: {max_steps:,} steps reached at {t:,.0f} s of "
-                             f"duration_s {duration_s:,.0f} s; raise max_steps or shorten the run")
-    n = reqs.n
-    arrival, finish = reqs.arrival[:n], reqs.finish[:n]
-    measured = (arrival >= warmup_s) & (arrival < duration_s)
-    sel = measured & np.isfinite(finish)
-    window = max(min(t, duration_s) - warmup_s, 1e-12)
-    # throughput counts requests finishing inside the window (arrivals before warmup included)
-    done_in = (finish >= warmup_s) & (finish < duration_s)
-    first = measured & np.isfinite(reqs.first[:n])
-    ttft = reqs.first[:n][first] - arrival[first]
-    multi = sel & (reqs.out[:n] > 1)
-    tpot = (finish[multi] - reqs.first[:n][multi]) / (reqs.out[:n][multi] - 1)
-    ends = np.asarray(steps_t)
-    keep = (ends >= warmup_s) & (ends - np.asarray(steps_dt) * np.asarray(steps_n) < duration_s)
-    reps = np.asarray(steps_n, int)[keep]
-    step_s = np.repeat(np.asarray(steps_dt)[keep], reps)
-    return SimResult(
-        ttft_s=ttft, tpot_s=tpot, e2e_s=finish[sel] - arrival[sel],
-        e2e_output_tokens=reqs.out[:n][sel].astype(float),
-        context_tokens=reqs.ctx[:n][done_in], uncached_tokens=reqs.unc[:n][done_in],
-        output_tokens=reqs.out[:n][done_in], step_s=step_s,
-        step_decodes=np.repeat(np.asarray(steps_dec, float)[keep], reps),
-        step_prefill_tokens=np.repeat(np.asarray(steps_pre, float)[keep], reps),
-        duration_s=window, gpus=int(getattr(step_model, "gpus", 1)),
-        completed=int(sel.sum()), steps=counter,
-        unfinished=int(np.count_nonzero(measured & ~np.isfinite(finish))))
+    def _apply(self, r: _Rank, plan, n_jump: int) -> None:
+        """One rank's step: decodes gain tokens, chunks prefill, finished requests leave (and
+        their lanes send the next turn)."""
+        reqs, (dec, chunks) = self.reqs, plan
+        finished = []
+        if dec:
+            d = np.asarray(dec)
+            reqs.generated_tokens[d] += n_jump * self.tokens_per_step
+            fin = d[reqs.generated_tokens[d] >= reqs.output_tokens[d]]
+            finished.extend(fin.tolist())
+        for i, c in chunks:
+            reqs.remaining_tokens[i] -= c
+            if reqs.remaining_tokens[i] <= 0:
+                r.prefilling.remove(i)
+                reqs.first_token_s[i] = self.clock_s
+                reqs.generated_tokens[i] = 1.0  # the last prefill chunk samples the first token
+                if reqs.output_tokens[i] <= 1:
+                    finished.append(i)
+                else:
+                    r.decoding.append(i)
+        if finished:
+            fin_set = set(finished)
+            r.decoding = [i for i in r.decoding if i not in fin_set]
+            for i in finished:
+                reqs.finish_s[i] = self.clock_s
+                r.kv_used_tokens -= reqs.context_tokens[i] + reqs.output_tokens[i]
+                if self.lanes:
+                    self._next_turn(i)
+
+    def _next_turn(self, i: int) -> None:
+        """The finished request's lane sends its next turn after the (capped) gap; a new
+        session's first turn is cold, later turns miss only their new tokens."""
+        reqs = self.reqs
+        lane = int(reqs.lane[i])
+        st = self.lanes[lane]
+        st.turn += 1
+        if st.turn >= len(st.session[0]):
+            st.session, st.turn = self.pool.next(), 0
+        ctx, unc, out, gap = st.session
+        k = st.turn
+        arrive = self.clock_s + (min(float(gap[k]), self.load.gap_cap_s) if k > 0 else 0.0)
+        self._push(arrive, reqs.add(arrive, ctx[k], unc[k], out[k], lane))
+
+    def result(self, warmup_s: float) -> SimResult:
+        reqs, duration_s = self.reqs, self.duration_s
+        n = reqs.n
+        arrival, finish = reqs.arrival_s[:n], reqs.finish_s[:n]
+        measured = (arrival >= warmup_s) & (arrival < duration_s)
+        sel = measured & np.isfinite(finish)
+        window = max(min(self.clock_s, duration_s) - warmup_s, 1e-12)
+        # throughput counts requests finishing inside the window (arrivals before warmup
+        # included)
+        done_in = (finish >= warmup_s) & (finish < duration_s)
+        first = measured & np.isfinite(reqs.first_token_s[:n])
+        ttft = reqs.first_token_s[:n][first] - arrival[first]
+        multi = sel & (reqs.output_tokens[:n] > 1)
+        tpot = (finish[multi] - reqs.first_token_s[:n][multi]) / (reqs.output_tokens[:n][multi] - 1)
+        steps_t, steps_dt, steps_n, steps_dec, steps_pre = self.steps
+        ends = np.asarray(steps_t)
+        keep = (ends >= warmup_s) & (ends - np.asarray(steps_dt) * np.asarray(steps_n)
+                                     < duration_s)
+        reps = np.asarray(steps_n, int)[keep]
+        step_s = np.repeat(np.asarray(steps_dt)[keep], reps)
+        return SimResult(
+            ttft_s=ttft, tpot_s=tpot, e2e_s=finish[sel] - arrival[sel],
+            e2e_output_tokens=reqs.output_tokens[:n][sel].astype(float),
+            context_tokens=reqs.context_tokens[:n][done_in], uncached_tokens=reqs.uncached_tokens[:n][done_in],
+            output_tokens=reqs.output_tokens[:n][done_in], step_s=step_s,
+            step_decodes=np.repeat(np.asarray(steps_dec, float)[keep], reps),
+            step_prefill_tokens=np.repeat(np.asarray(steps_pre, float)[keep], reps),
+            duration_s=window, gpus=int(getattr(self.step_model, "gpus", 1)),
+            completed=int(sel.sum()), steps=self.counter,
+            unfinished=int(np.count_nonzero(measured & ~np.isfinite(finish))))
 
 
-def _rank_times(step_model, reqs: _Requests, plans, dp: int, ctx_offset: float) -> float:
+def _rank_times(step_model, reqs: _Requests, plans, dp: int, context_offset_tokens: float) -> float:
     """Step time of the lock-stepped ranks. Attention, dense layers and sends run per rank, so
     the busiest rank's prefill sets them (`prefill_ranks` = total / busiest); the expert group
     sees every rank's tokens (the replica totals)."""
@@ -353,14 +429,14 @@ def _rank_times(step_model, reqs: _Requests, plans, dp: int, ctx_offset: float) 
     total = float(p_tok.sum())
     n_dec = float(sum(len(dec) for dec, _ in plans))
     decs = [i for dec, _ in plans for i in dec]
-    d_ctx = float(np.mean(reqs.ctx[decs] + reqs.gen[decs])) + ctx_offset if decs else 0.0
+    d_ctx = float(np.mean(reqs.context_tokens[decs] + reqs.generated_tokens[decs])) + context_offset_tokens if decs else 0.0
     if total <= 0:
         return float(step_model.step_time_s(0.0, 0.0, n_dec, d_ctx, 1.0))
     busy = int(np.argmax(p_tok))
     chunks = plans[busy][1]
     ids = np.fromiter((i for i, _ in chunks), int, len(chunks))
     cs = np.fromiter((c for _, c in chunks), float, len(chunks))
-    done = reqs.ctx[ids] - reqs.rem[ids]
+    done = reqs.context_tokens[ids] - reqs.remaining_tokens[ids]
     p_ctx = float(np.sum(cs * (done + cs)) / cs.sum())  # the busiest rank's end-of-chunk context
     ranks = total / p_tok[busy]
     return float(step_model.step_time_s(total, p_ctx, n_dec, d_ctx, ranks * len(chunks),
@@ -397,11 +473,9 @@ class _MixPool:
     CHUNK = 1000
 
     def __init__(self, workload: Workload, seed: int, hit_rate: float | None) -> None:
-        # drawn as the closed form draws its mix (model.serve.engine._cached_mix: every 16th request
+        # drawn as the closed form draws its sample (model.serve.request_mix: every 16th request
         # of 16x as many, so from ~20,000 sessions, not ~1,250): the rare cold prompts that set
-        # an FCFS wait come in sessions, and a pool from few sessions held too few of them
-        # (agentx-n48-indep: TTFT P90 1.43 s over 4 seeds at 10x the run length, the closed
-        # form 1.94-2.05 s over mix seeds with 320,000 requests; 2026-12-04)
+        # an FCFS wait come in sessions, and a pool from few sessions holds too few of them
         m = request_mix_for(workload, 50_000, seed + 7, hit_rate)
         # the mix lists each session's turns in order (context autocorrelation 0.95 at lag 1 on
         # AgentX): shuffled, or the lanes would replay sessions instead of independent turns
@@ -422,27 +496,12 @@ def _first_sessions(pool, n: int, rng) -> list:
     a session with probability proportional to its turns (a random turn of a uniformly drawn
     session under-weights long sessions: lanes then leave their first session early and start
     more cold sessions than they would at steady state: on the 64-session AgentX population 40
-    turns left on average instead of 90; 2026-12-04). Drawn from the pool's next max(4n, 256)
+    turns left on average instead of 90). Drawn from the pool's next max(4n, 256)
     sessions, with replacement, weights = turns."""
     cands = [pool.next() for _ in range(max(4 * n, 256))]
     turns = np.array([len(c[0]) for c in cands], float)
     pick = rng.choice(len(cands), size=n, p=turns / turns.sum())
     return [cands[i] for i in pick]
-
-
-def _next_turn(lanes, reqs: _Requests, i: int, t: float, load: ClosedLoop, events, seq, pool):
-    lane = int(reqs.lane[i])
-    st = lanes[lane]
-    st["k"] += 1
-    if st["k"] >= len(st["s"][0]):
-        st["s"], st["k"] = pool.next(), 0
-    ctx, unc, out, gap = st["s"]
-    k = st["k"]
-    arrive = t + (min(float(gap[k]), load.gap_cap_s) if k > 0 else 0.0)
-    # a new session's first turn is cold; later turns miss only their new tokens
-    j = reqs.add(arrive, ctx[k], unc[k], out[k], lane)
-    heapq.heappush(events, (arrive, seq, j))
-    return seq + 1
 
 
 def _kv_capacity(step_model, workload, hit_rate, load) -> float:
