@@ -50,8 +50,8 @@ import numpy as np
 import pandas as pd
 
 from model.frontends import charts, nbio
-from model.serve.policy import EnginePolicy
 from model.serve.engine import AffineStepModel, threshold_effect
+from model.serve.policy import EnginePolicy
 from model.serve.simulate import simulate
 from model.specs.workload import ClosedLoop, load_workload
 
@@ -60,7 +60,7 @@ if reference_step_model:
     dp = 1
 else:
     from model.perf.parallel import ParallelPlan
-    from model.plan.planner import step_model
+    from model.plan.plan_models import step_model
 
     step = step_model(arch, hardware, ParallelPlan(tp=tp, dp=dp, ep=ep))  # served per recipe
 w = load_workload(workload)

@@ -168,7 +168,7 @@ def _population(profile: str, n: int) -> SessionSet:
 
 def dsv4_dep8_b300():
     """DeepSeek V4 Pro, DP8 + EP8 on B300, served per its recipe (data/deployments/)."""
-    from model.plan.planner import step_model
+    from model.plan.plan_models import step_model
 
     return step_model("deepseek-v4-pro", "b300", ParallelPlan(dp=8, ep=8))
 

@@ -253,7 +253,7 @@ def _step_model(arch: str, hardware: str, plan: dict[str, Any], serving: bool = 
     """The step model of `plan` with the family's recipe (weights, KV dtype; with `serving`
     also its speculative decoding, as `servecast plan` serves it)."""
     from model.perf.parallel import ParallelPlan, validate_plan
-    from model.plan.planner import step_model
+    from model.plan.plan_models import step_model
     from model.specs.architecture import load_architecture
     from model.specs.hardware import load_hardware
 
