@@ -97,9 +97,22 @@ class PlanResult:
     bottleneck: str
     why: str
     traffic: Traffic
+    inputs: PlanInputs
     assumptions: tuple[str, ...] = ()
     search_seconds: float = 0.0
     evaluations: int = 0  # full-tier evaluations behind the answer
+
+    def full_tier_peak(self, metric: str, count: int = 2) -> FullTierPoint:
+        """The full tier's largest `metric` (tpgs | p90_interactivity_tok_s) with no SLO: the
+        screening's `count` best deployments by it (and each mode's best), each at the
+        concurrency where the screening peaks."""
+        points = []
+        for curve in shortlist(self.candidates, Slo(0.0), count=count, rank_by=metric):
+            row = curve.loc[curve[metric].idxmax()]
+            points.append(_evaluator(self.inputs, deployment_of(
+                row, self.inputs.arch.name, self.inputs.max_num_batched_tokens))(
+                    int(row["concurrency"])))
+        return max(points, key=lambda p: getattr(p, metric))
 
     def contract(self) -> dict[str, object]:
         """The `servecast plan --json` object (DESIGN.md command-line contract)."""
@@ -321,6 +334,7 @@ def _result(inputs: PlanInputs, chosen: tuple[FullTierPoint, pd.Series],
         serving=point.serving, candidates=cands, pareto=pareto, saturation=saturation,
         cost=cost, launch_commands=launch_commands(deployment), bottleneck=label,
         why=why(best, label, slo) + runner_up(points, best, slo), traffic=inputs.traffic,
+        inputs=inputs,
         assumptions=tuple(assumptions(inputs, cost, best, point.serving.assumptions,
                                       len(points))),
         search_seconds=seconds, evaluations=len(points))

@@ -184,8 +184,8 @@ def build_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
                                                mix.output_tokens))
     service = prefill_service(prefill.step_model, c, u, policy.max_num_batched_tokens)
     sender = prefill.step_model
-    handoff = kv_transfer_time_s(u, kv_bytes_per_token(sender.arch, sender.kv_dtype),
-                                 link_bytes_per_s, sender.plan.attention_gpus)
+    handoff = kv_transfer_time_s(u, handoff_bytes_per_token(sender), link_bytes_per_s,
+                                 sender.plan.attention_gpus)
     q = float(getattr(decode.step_model, "tokens_per_decode_step", 1.0) or 1.0)
     steps = np.maximum(o - 1.0, 0.0) / q
     batch, step_s, cap, bounded = decode_steps(decode.step_model, decode.ranks, policy, c, o,
@@ -195,6 +195,15 @@ def build_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
                  decode.count * decode.ranks, decode.ranks, o, float(np.mean(c + o)), gap, reload, service,
                  np.asarray(handoff, float), steps, q, batch, step_s, cap,
                  bounded, RequestMix(c, u, o, gap).hit_rate, cache or None)
+
+
+def handoff_bytes_per_token(step_model) -> float:
+    """KV bytes per new token a prefill worker hands off: its architecture's at its KV dtype
+    (a reference step model without one states `kv_bytes_per_token`)."""
+    stated = getattr(step_model, "kv_bytes_per_token", None)
+    if stated is not None:
+        return float(stated)
+    return float(kv_bytes_per_token(step_model.arch, step_model.kv_dtype))
 
 
 def _live_sessions(workload: Workload, load: Load, seed: int) -> float:

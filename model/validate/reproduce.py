@@ -184,15 +184,17 @@ class Context:
 def plan_summary(arch: str, hardware: str, gpus: int, workload: str,
                  slo_p90_interactivity: float, precision: str | None = None,
                  concurrency: int | None = None) -> dict[str, float]:
-    """The plan search's best deployment and its peaks, as plain numbers (picklable);
-    `concurrency` fixes the client lanes (else searched)."""
+    """The plan's best deployment (the full tier's numbers) and, for a free search, its full-tier
+    peaks, as plain numbers (picklable); `concurrency` fixes the client lanes (else searched)."""
     from model.plan.planner import plan
 
     result = plan(arch, hardware, gpus, workload, slo_p90_interactivity, precision=precision,
                   concurrency=None if concurrency is None else [int(concurrency)])
     contract = result.contract()
-    cands = result.candidates
-    ok = cands[cands["feasible"]] if "feasible" in cands else cands
+    peaks = {} if concurrency is not None else {  # plan_peak reads the free search's
+        "peak.tpgs": result.full_tier_peak("tpgs").tpgs,
+        "peak.p90_interactivity_tok_s":
+            result.full_tier_peak("p90_interactivity_tok_s").p90_interactivity_tok_s}
     return {
         "tpgs": contract["tpgs"],
         "p90_interactivity_tok_s": contract["p90_interactivity_tok_s"],
@@ -202,10 +204,7 @@ def plan_summary(arch: str, hardware: str, gpus: int, workload: str,
         "api_equivalent_usd_per_hour": contract["api_equivalent_usd_per_hour"],
         "cost_advantage": contract["cost_advantage"],
         "usd_per_mtok": contract["usd_per_mtok"],
-        "deployment": contract["deployment"].get("label", ""),
-        "peak.tpgs": float(ok["tpgs"].max()),
-        "peak.p90_interactivity_tok_s": float(ok["p90_interactivity_tok_s"].max()),
-    }
+        "deployment": contract["deployment"].get("label", ""), **peaks}
 
 
 def _number(value: Any, what: str) -> float:
@@ -244,7 +243,8 @@ def plan_metric(ctx: Context, arch: str, hardware: str, gpus: int, metric: str,
 @predictor
 def plan_peak(ctx: Context, arch: str, hardware: str, gpus: int, metric: str,
               precision: str | None = None) -> float:
-    """The largest `metric` over all feasible candidates of the plan search (no SLO)."""
+    """The largest `metric` with no SLO: the full tier on the screening's best deployments
+    for it, each where the screening peaks."""
     return _number(ctx.plan_summary(arch, hardware, gpus, precision).get(f"peak.{metric}"),
                    metric)
 
