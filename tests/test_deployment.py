@@ -70,7 +70,7 @@ def test_aggregated_replicas_split_the_sessions_and_add_up():
     assert r.result.tpgs == pytest.approx((two.tpgs + three.tpgs) / 2)
     assert r.result.concurrency == 5 and r.gpus == 2
     weights = (two.requests_per_s, three.requests_per_s)
-    mean_tpot = sum(wi * res.tpot_s["p90"] for wi, res in zip(weights, (two, three))) / sum(weights)
+    mean_tpot = sum(wi * res.tpot_s["p90"] for wi, res in zip(weights, (two, three), strict=True)) / sum(weights)
     assert r.result.tpot_s["p90"] == pytest.approx(mean_tpot)
     assert any("request-weighted" in a for a in r.assumptions)
     # an even split is serve() itself, scaled to the replicas; an open rate splits evenly

@@ -63,8 +63,9 @@ SERVICE = 0.05 + 2e-5 * 8192  # one whole-budget chunk: 0.21384 s
 HANDOFF = 8192 * KV / LINK + 128 * 2e-6  # 8,192 tokens' KV over one GPU's link, 128 blocks
 
 
-def _serve(load, prefill=Affine(), decode=Affine(), policy=POLICY, x=1, y=1):
-    return serve_pools(FIXED, policy, load, Workers(prefill, x), Workers(decode, y), LINK)
+def _serve(load, prefill=None, decode=None, policy=POLICY):
+    return serve_pools(FIXED, policy, load, Workers(prefill or Affine(), 1),
+                       Workers(decode or Affine(), 1), LINK)
 
 
 def test_kv_transfer_time_packed_vs_per_tensor():
