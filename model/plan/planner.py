@@ -44,6 +44,7 @@ from model.plan.deployment import (
 )
 from model.plan.full_tier import (
     SLO_MARGIN,
+    TPGS_MARGIN,
     FullTierPoint,
     Slo,
     at_slo,
@@ -100,7 +101,7 @@ class PlanResult:
     inputs: PlanInputs
     assumptions: tuple[str, ...] = ()
     search_seconds: float = 0.0
-    evaluations: int = 0  # full-tier evaluations behind the answer
+    evaluated: tuple[FullTierPoint, ...] = ()  # every full-tier point behind the answer
 
     def full_tier_peak(self, metric: str, count: int = 2) -> FullTierPoint:
         """The full tier's largest `metric` (tpgs | p90_interactivity_tok_s) with no SLO: the
@@ -139,7 +140,7 @@ class PlanResult:
                 "tpgs", "p90_interactivity_tok_s", "p90_ttft_s", "hit_rate", "concurrency")},
             "candidates": int(len(self.candidates)),
             "pareto_points": int(len(self.pareto)),
-            "full_tier_evaluations": self.evaluations,
+            "full_tier_evaluations": len(self.evaluated),
             "search_seconds": self.search_seconds,
             "assumptions": list(self.assumptions),
         }
@@ -278,7 +279,7 @@ def _choose(inputs: PlanInputs, cands: pd.DataFrame, slo: Slo, fixed, restricted
     best = None
     for curve in curves:
         near = curve["p90_interactivity_tok_s"] >= (1.0 - SLO_MARGIN) * slo.p90_interactivity_tok_s
-        if best is not None and float(curve.loc[near, "tpgs"].max()) < (1.0 - SLO_MARGIN) \
+        if best is not None and float(curve.loc[near, "tpgs"].max()) < (1.0 - TPGS_MARGIN) \
                 * best[0].tpgs:
             continue
         template = deployment_of(curve.iloc[0], inputs.arch.name, inputs.max_num_batched_tokens)
@@ -337,7 +338,7 @@ def _result(inputs: PlanInputs, chosen: tuple[FullTierPoint, pd.Series],
         inputs=inputs,
         assumptions=tuple(assumptions(inputs, cost, best, point.serving.assumptions,
                                       len(points))),
-        search_seconds=seconds, evaluations=len(points))
+        search_seconds=seconds, evaluated=tuple(points))
 
 
 def _columns_of(dep: Deployment) -> dict[str, object]:
