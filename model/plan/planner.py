@@ -204,6 +204,16 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
                    time.perf_counter() - started)
 
 
+def screen(arch, hardware, gpus: int, workload, slo_p90_interactivity: float = 50.0,
+           modes=MODES, concurrency=None) -> pd.DataFrame:
+    """The screening tier's candidates alone, as `plan` ranks them (no full tier): for tables
+    that compare many deployments, such as the best per parallel family."""
+    inputs = resolve_inputs(arch, hardware, workload)
+    grid = concurrency or np.unique(np.round(np.geomspace(max(gpus // 2, 1), 96 * gpus, 40)))
+    return screen_candidates(inputs, gpus, tuple(modes), grid, THRESHOLDS, INTERVALS,
+                             slo_p90_interactivity)[0]
+
+
 def _shape(label: str | None, gpus: int | None, modes) -> tuple[DeploymentShape | None, int]:
     if label is None:
         if gpus is None or gpus < 1:
