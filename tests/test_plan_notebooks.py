@@ -26,7 +26,7 @@ def test_plan_notebook_headline_is_the_cli_contract(tmp_path):
 
 def test_tco_notebook_reproduces_post_advantages(tmp_path):
     h = run_notebook("tco", {"hardware": ["h100-sxm", "gb300-nvl72"]}, tmp_path)
-    # Done-when of issue 6: 106x / 85x / 14.6x within 5% from the post's TPGS and TCO.
+    # The post's cost table: 106x / 85x / 14.6x, recomputed within 5% from its TPGS and TCO.
     assert h["advantage_deepseek-v4-pro"] == pytest.approx(106, rel=0.05)
     assert h["advantage_minimax-m3"] == pytest.approx(85, rel=0.05)
     assert h["advantage_kimi-k3"] == pytest.approx(14.6, rel=0.05)

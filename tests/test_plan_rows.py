@@ -4,7 +4,7 @@ documented deployment recipes (data/deployments/), AgentX v1.0 traffic as SemiAn
 and the finite prefix cache; no per-row factors. Every number is the full tier's (plan's report);
 the published rows are read from papers/vllm-agentx/claims.yaml.
 
-What the model says about each row (the issue asks for 25%):
+What the model says about each row (within 25% is the bound asked of it):
 - DeepSeek V4 Pro on 12 GB300, 83K TPGS at 256 sessions: the post's shape (one DEP4 prefill
   tray, one DEP8 decode pair of trays), held at the SLO by its one prefill worker's saturation
   at ~500 sessions (73.7K TPGS, -11%); at the post's 256 sessions the full tier gives 66K.
@@ -139,7 +139,7 @@ def test_minimax_m3_on_2_b300_row():
 @pytest.mark.slow
 def test_kimi_k3_on_16_gb300_row():
     # Post: 11.8K at 48 sessions, "Kimi K3 uses DCP instead of TP". The free search lands within
-    # the issue's 25%, disaggregated; the best aggregated deployment uses DCP and serves less
+    # 25%, disaggregated; the best aggregated deployment uses DCP and serves less
     # (the full tier: two TP8-DCP8 replicas at 35 sessions, 8.4K TPGS, P90 interactivity binding).
     post = ROW["kimi-k3"]
     best = plan("kimi-k3", "gb300-nvl72", 16, WORKLOAD, SLO)

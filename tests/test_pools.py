@@ -1,5 +1,5 @@
 """The full tier of a disaggregated deployment (model.serve.pools), on a reference step model
-whose times are checked by hand: the KV hand-off, the M/D/1 limit of the prefill queue, one
+whose times are checked by hand: the M/D/1 limit of the prefill queue, one
 session with no queueing, the saturated decode pool, the lock-stepped prefill ranks."""
 
 from dataclasses import dataclass, field
@@ -10,14 +10,7 @@ import pytest
 from model.perf.parallel import ParallelPlan
 from model.perf.step import EngineFactors
 from model.serve.policy import EnginePolicy
-from model.serve.pools import (
-    Workers,
-    build_pools,
-    kv_transfer_bytes,
-    kv_transfer_time_s,
-    serve_pools,
-    state_at,
-)
+from model.serve.pools import Workers, build_pools, serve_pools, state_at
 from model.specs.errors import ServecastError
 from model.specs.workload import ClosedLoop, OpenLoop, load_workload
 
@@ -66,21 +59,6 @@ HANDOFF = 8192 * KV / LINK + 128 * 2e-6  # 8,192 tokens' KV over one GPU's link,
 def _serve(load, prefill=None, decode=None, policy=POLICY):
     return serve_pools(FIXED, policy, load, Workers(prefill or Affine(), 1),
                        Workers(decode or Affine(), 1), LINK)
-
-
-def test_kv_transfer_time_packed_vs_per_tensor():
-    # DeepSeek V3 MLA KV 70,272 B/token (theory.md T32), 3,520 new tokens -> 247.36 MB.
-    # Over 4 prefill GPUs x 50 GB/s: 247.36e6/200e9 = 1.2368 ms, + ceil(3520/64)=55 blocks of
-    # descriptors over 4 senders x 2 us = 27.5 us (packed: one tensor per block).
-    packed = kv_transfer_time_s(3520, 70_272, 50e9, gpus_sending=4)
-    assert packed == pytest.approx(247.357e6 / 200e9 + 55 / 4 * 2e-6, rel=1e-4)
-    # Per-tensor layout (92 tensors per block for DeepSeek V4): +10% bytes, 92x the descriptors.
-    per_tensor = kv_transfer_time_s(3520, 70_272, 50e9, gpus_sending=4, layout="per_tensor",
-                                    tensors_per_block=92)
-    assert per_tensor == pytest.approx(1.1 * 247.357e6 / 200e9 + 55 * 92 / 4 * 2e-6, rel=1e-4)
-    assert kv_transfer_bytes(1000, 100.0, state_bytes=5000) == pytest.approx(105_000)
-    with pytest.raises(ServecastError):
-        kv_transfer_bytes(1, 1.0, layout="paged")
 
 
 def test_open_loop_prefill_queue_is_m_d_1():

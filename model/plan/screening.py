@@ -31,7 +31,7 @@ from scipy.optimize.elementwise import find_root
 from model.perf.step_table import StepTable
 from model.plan.disagg import prefill_saturation_rps
 from model.plan.traffic import Traffic
-from model.serve.pools import kv_transfer_time_s
+from model.serve.handoff import kv_transfer_time_s
 from model.serve.queueing import pk_wait_s
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from model.specs.errors import Infeasible, ServecastError
@@ -62,23 +62,20 @@ def _max_of_ranks(pmf: np.ndarray, ranks) -> np.ndarray:
 # ---------------------------------------------------------------- aggregated replicas
 
 def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replicas,
-                        concurrency, threshold, interval, kv_capacity_tokens, tokens_per_step=1.0,
-                        reload_s_per_token=0.0, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                        max_num_seqs: int = MAX_NUM_SEQS, iterations: int = 13,
-                        mixture_iterations: int = 7, miss_tokens=0.0,
-                        lower_tier_tokens=None) -> dict:
-    """Closed-form steady state of aggregated candidates, all given as broadcastable arrays:
-    `which` plan in the (stacked) table, its `dp` / `pp`, `replicas`, client `concurrency` (lanes,
-    whole deployment), `threshold` (0 = off), `interval` (prefill_schedule_interval), the
-    replica's `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`.
-    Finite cache (model.plan.search_cache): `miss_tokens` per request beyond the infinite-cache misses
-    are recomputed (they join the prefill), `lower_tier_tokens` per request are reloaded from a
-    lower tier; when `lower_tier_tokens` is None, sessions whose KV does not fit the HBM pool
-    reload it all (the older residency estimate).
-
-    Returns arrays: tpgs (per GPU, replica GPUs = dp*pp*tp*pcp given via `gpus` by the caller),
-    p90_interactivity_tok_s, p90_ttft_s, mean_ttft_s, decode_batch, step_time_s, rate_rps
-    (per replica), limit (what binds) and feasible."""
+                      concurrency, threshold, interval, kv_capacity_tokens, tokens_per_step=1.0,
+                      reload_s_per_token=0.0,
+                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+                      max_num_seqs: int = MAX_NUM_SEQS, iterations: int = 13,
+                      mixture_iterations: int = 7, miss_tokens=0.0,
+                      lower_tier_tokens=None) -> dict:
+    """Closed-form steady state of aggregated candidates, all broadcastable arrays: `which`
+    plan in the (stacked) table, its `dp` / `pp`, `replicas`, client `concurrency` (whole
+    deployment), `threshold` (0 = off), `interval` (prefill_schedule_interval), the replica's
+    `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`. Finite cache
+    (model.plan.search_cache): `miss_tokens` per request are recomputed, `lower_tier_tokens`
+    reloaded (None: sessions whose KV does not fit the HBM pool reload it all).
+    Returns arrays: rate_rps (per replica), tokens_per_s (deployment), p90_interactivity_tok_s,
+    p90_ttft_s, mean_ttft_s, decode_batch, step_time_s, limit (what binds) and feasible."""
     arrays = np.broadcast_arrays(*(np.asarray(a, float) for a in (
         which, dp, pp, replicas, concurrency, threshold, interval, kv_capacity_tokens,
         tokens_per_step, reload_s_per_token, miss_tokens)))
@@ -90,8 +87,8 @@ def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replica
     # evicted prefixes are recomputed: they lengthen the request's prefill (more chunks)
     chunks_mean = traffic.chunks(cap) + miss / cap
     u_p90 = traffic.p90_uncached_tokens + miss
-    chunks_p90 = np.ceil(u_p90 / cap)
-    u, o, s = traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens, traffic.mean_context_tokens
+    u, o = traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens
+    s = traffic.mean_context_tokens
     k_eff = u / chunks_mean
     o_step = o / tps  # decode steps per turn
     b_kv = kv_cap / max(s, 1.0)  # decoding sequences whose KV fits
@@ -100,7 +97,6 @@ def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replica
         reload = (1.0 - resident) * s * reload_tok  # offloaded sessions fetch their KV back
     else:
         reload = np.asarray(lower_tier_tokens, float) * reload_tok
-    n = np.arange(POISSON_MAX + 1)
 
     t = table.decode(np.maximum(c_r / 4, 1.0), which)
     t_chunk = t_quiet = t
@@ -127,40 +123,61 @@ def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replica
             continue
         t_quiet = table.decode(b_mb, which)
         lam = r * u * t * interval / (pp * dp * k_eff)  # chunks per rank per admitting step
-        # the step waits for the busiest of the dp lock-stepped ranks, and with pp stages for
-        # the slowest of the pp microbatches in flight: a sequence's next token needs its own
-        # microbatch's full pass, so the pipeline's period is the longest pass (a flow shop
-        # with proportional stage times), and a prefill chunk in one microbatch stalls them all
-        pmf = _max_of_ranks(_poisson_pmf(lam), dp * pp)
-        x = np.minimum(n * k_eff[..., None], np.maximum(budget - b_mb[..., None] / dp[..., None],
-                                                        0.0))
-        # the busiest rank holds x; the others their mean (the total the experts see)
-        total = x + (lam * k_eff * (dp - 1.0))[..., None]
-        t_steps = table.busiest(x, np.maximum(total, x), b_mb[..., None], dp[..., None],
-                                which[..., None])
-        mean_adm = (pmf * t_steps).sum(-1)
-        second = (pmf * t_steps**2).sum(-1)
-        t_new = mean_adm / interval + t_quiet * (1 - 1 / interval)
+        t_new, second = _cadence_steps(table, which, lam, k_eff, b_mb, dp, pp, budget,
+                                       interval, t_quiet)
         t, t_prev, g_prev = _secant_step(t, t_new, t_prev, g_prev), t, t_new
-    var = np.maximum(second / interval + t_quiet**2 * (1 - 1 / interval) - t_new**2, 0.0)
+    var = np.maximum(second - t_new**2, 0.0)
     tpot_p90 = t + Z90 * np.sqrt(var / np.maximum(traffic.p10_output_tokens / tps, 1.0)) \
         + _tagged_shift(table, b_mb, c_r / pp, which, t_quiet)
     limit = np.where(r >= r_lanes * (1 - 1e-6), "lanes",
                      np.where(r_kv <= r_budget, "kv_capacity", "prefill_budget"))
     queue = np.maximum(c_r / r - (ttft0 + o_step * t + z), 0.0)
-    c90 = np.minimum(cap, u_p90)
-    t_chunk_p90 = np.maximum(table.busiest(c90, c90 + p_step * (1 - 1 / dp), b_mb, dp, which),
-                             t)
-    wait, fcfs_p90 = _fcfs_prefill(traffic, cap, miss, thr, r / dp, t_chunk, t_chunk_p90,
-                                   t_quiet, pp, interval)
-    ttft_p90 = np.where(np.asarray(thr) <= 0, fcfs_p90,
-                        _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval)) + reload + queue
+    wait, own_p90 = _p90_prefill(table, traffic, which, cap, miss, thr, u_p90, r, dp, pp, b_mb,
+                                 p_step, t, t_chunk, t_quiet, interval)
+    ttft_p90 = own_p90 + reload + queue
     b_total = r * o_step * t
     feasible = (b_total / dp <= max_num_seqs * (1 + 1e-9)) & (b_kv >= 1.0)
     return {"rate_rps": r, "tokens_per_s": r * replicas * (s + o),
             "p90_interactivity_tok_s": tps / tpot_p90, "p90_ttft_s": ttft_p90,
             "mean_ttft_s": ttft0 + queue + wait, "decode_batch": b_total, "step_time_s": t,
             "limit": limit, "feasible": feasible}
+
+
+def _p90_prefill(table: StepTable, traffic: Traffic, which, cap, miss, thr, u_p90, r, dp, pp,
+                 b_mb, p_step, t, t_chunk, t_quiet, interval):
+    """(mean FCFS wait, P90 TTFT before reload and queue): with the threshold off the FCFS
+    mixture of `_fcfs_prefill`, with one the P90 prompt's own chunks, each in a step of its
+    rank's busiest share."""
+    c90 = np.minimum(cap, u_p90)
+    t_chunk_p90 = np.maximum(table.busiest(c90, c90 + p_step * (1 - 1 / dp), b_mb, dp, which),
+                             t)
+    wait, fcfs_p90 = _fcfs_prefill(traffic, cap, miss, thr, r / dp, t_chunk, t_chunk_p90,
+                                   t_quiet, pp, interval)
+    return wait, np.where(np.asarray(thr) <= 0, fcfs_p90,
+                          _ttft(np.ceil(u_p90 / cap), t_chunk_p90, t_quiet, pp, interval))
+
+
+def _cadence_steps(table: StepTable, which, lam, k_eff, b_mb, dp, pp, budget: float, interval,
+                   t_quiet):
+    """(mean step, mean squared step) over a cadence of `interval` steps of which one admits
+    prefill: `lam` chunks of `k_eff` tokens per rank arrive Poisson per admitting step, and the
+    step waits for the busiest of the dp lock-stepped ranks, and with pp stages for the slowest
+    of the pp microbatches in flight: a sequence's next token needs its own microbatch's full
+    pass, so the pipeline's period is the longest pass (a flow shop with proportional stage
+    times), and a prefill chunk in one microbatch stalls them all; the other steps decode
+    (`t_quiet`)."""
+    n = np.arange(POISSON_MAX + 1)
+    pmf = _max_of_ranks(_poisson_pmf(lam), dp * pp)
+    x = np.minimum(n * k_eff[..., None], np.maximum(budget - b_mb[..., None] / dp[..., None],
+                                                    0.0))
+    # the busiest rank holds x; the others their mean (the total the experts see)
+    total = x + (lam * k_eff * (dp - 1.0))[..., None]
+    t_steps = table.busiest(x, np.maximum(total, x), b_mb[..., None], dp[..., None],
+                            which[..., None])
+    mean_adm = (pmf * t_steps).sum(-1)
+    second = (pmf * t_steps**2).sum(-1)
+    return (mean_adm / interval + t_quiet * (1 - 1 / interval),
+            second / interval + t_quiet**2 * (1 - 1 / interval))
 
 
 def _fcfs_prefill(traffic: Traffic, cap, miss, thr, rate_per_rank, t_chunk, t_chunk_p90,
@@ -235,7 +252,8 @@ def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_t
     t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = (
         np.atleast_1d(a) for a in args)  # candidates are indexed (the root finder's subsets)
     which = which.astype(int)
-    u, o, s = traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens, traffic.mean_context_tokens
+    u, o = traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens
+    s = traffic.mean_context_tokens
     thr_p = chunk / t_p  # prefill tokens/s per instance
     lam_p = prefill_saturation_rps(t_p, chunk, u)
     service = u / thr_p

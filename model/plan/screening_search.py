@@ -158,7 +158,7 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
                          slo_ttft: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stage 1: saturation of every prefill-only and decode-only plan. Stage 2: every xPyD ratio
     of every plan pair that fills the budget, at each client concurrency (closed loop,
-    `evaluate_disaggregated`), refined at each combo's SLO edge as in the aggregated search.
+    `screen_disaggregated`), refined at each combo's SLO edge as in the aggregated search.
     `cache_inputs` = (arch, kv_dtype, workload, CacheSetup): the prefix cache lives on the
     prefill workers (sticky sessions), each holding concurrency / x sessions; evicted prefixes
     are recomputed and lower-tier hits reloaded before the prefill."""

@@ -20,7 +20,8 @@ Per request i of the mix (context c_i, uncached u_i, output o_i, gap z_i), with 
   rank's gaps, its sessions decoding elsewhere scaled by the arrival theorem (n - 1) / n, and the
   time from service end to first token); open loop, M/G/1 (Pollaczek-Khinchine) with a Kingman
   stretch (ca² + cs²) / (1 + cs²) for bursty arrivals.
-- KV hand-off H_i = `kv_transfer_time_s(u_i)`: the turn's new tokens over the prefill GPUs' NICs.
+- KV hand-off H_i = `kv_transfer_time_s(u_i)` (model.serve.handoff): the turn's new tokens over
+  the prefill GPUs' NICs.
 - Decode. Requests spread over y·dp_D decode ranks at x_D = X / (y dp_D); a request decodes
   w_i = max(o_i - 1, 0) / q steps after its first. Per rank the time-average batch b solves
   b = x_D E[w] T_seen(b) (Little), T(b) = f_D step(0, 0, dp_D b, c_d) at the output-weighted decode
@@ -38,11 +39,6 @@ Per request i of the mix (context c_i, uncached u_i, output o_i, gap z_i), with 
   lambda E[overlap(L, w)^2] / w², `shot_noise_var`), thinned by the closed loop (1 - b / n_D),
   the ranks independent, so the step's sd is T'(b) sqrt(Var / dp_D); zero at the decode cap.
   Each request's TPOT is Gaussian around T_seen with its window's sd; the law is their mixture.
-
-KV hand-off (`kv_transfer_time_s`): with sticky sessions only the turn's new tokens move. The
-packed layout moves one contiguous region per block; a per-tensor layout (one tensor per layer and
-attention kind, 92 for DeepSeek V4) pads each tensor's blocks and posts one RDMA work request per
-(block, tensor): ~10% more bytes with the FP4 indexer (seed post; theory.md §13 T23).
 """
 
 from __future__ import annotations
@@ -53,19 +49,16 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri
 
-from model.perf.kv import kv_bytes_per_token
 from model.serve.cache_effect import CacheEffect, deployment_cache
 from model.serve.engine import ServingResult, request_mix_for
 from model.serve.finite_source import fcfs_wait_pmf
+from model.serve.handoff import handoff_bytes_per_token, kv_transfer_time_s
 from model.serve.policy import EnginePolicy
 from model.serve.queueing import quantiles_from_pmf, shot_noise_var, split_bins
 from model.specs.errors import ServecastError
 from model.specs.idle_cap import SystemIdleCap
 from model.specs.workload import ClosedLoop, Load, OpenLoop, RequestMix, Workload
 
-LAYOUTS = ("packed", "per_tensor")
-PACKED_SAVING = 0.10  # bytes the packed layout saves over per-tensor padding
-TRANSFER_DESCRIPTOR_S = 2e-6  # per (block, tensor) RDMA work request; NIXL-class engines ~1-3 us
 QUANTILES = (0.5, 0.9, 0.99)  # the percentiles serve() reports
 MAX_UTILIZATION = 0.999  # a prefill rank at or above this is saturated
 SOLVE_GRID = 2**12  # wait-law cells while solving the closed loop (its mean only)
@@ -73,40 +66,6 @@ LAW_GRID = 2**15  # wait-law and TTFT cells of the reported percentiles
 WINDOW_BINS = 64  # decode windows the TPOT law distinguishes
 RUN_SAMPLE = 4096  # decode runs behind the batch's fluctuation
 E2E_REQUESTS, E2E_WAITS, E2E_STEPS = 2048, 16, 8  # strata of the E2E interactivity law
-
-
-def kv_transfer_bytes(new_tokens, kv_bytes_per_token: float, state_bytes: float = 0.0,
-                      layout: str = "packed", padding_fraction: float = PACKED_SAVING):
-    """Bytes moved from a prefill to a decode worker for one request.
-
-    With sticky sessions the decode worker keeps the session's earlier context, so only the KV of
-    the `new_tokens` prefilled this turn moves (plus fixed-size recurrent state, which is rewritten
-    every turn). The per-tensor layout pads each tensor's blocks separately: `padding_fraction`
-    more bytes (the post's ~10%)."""
-    if layout not in LAYOUTS:
-        raise ServecastError(f"kv layout {layout!r}: allowed {', '.join(LAYOUTS)}")
-    payload = np.asarray(new_tokens, float) * kv_bytes_per_token + state_bytes
-    return payload * (1.0 + padding_fraction) if layout == "per_tensor" else payload
-
-
-def kv_transfer_time_s(new_tokens, kv_bytes_per_token: float, link_bytes_per_s: float,
-                       gpus_sending: int = 1, state_bytes: float = 0.0, layout: str = "packed",
-                       tensors_per_block: int = 1, block_tokens: int = 64,
-                       descriptor_s: float = TRANSFER_DESCRIPTOR_S):
-    """Time to hand one request's KV from prefill to decode.
-
-    Each of the `gpus_sending` prefill GPUs ships its shard over its own NIC (`link_bytes_per_s`,
-    per GPU per direction; scale-out unless both sides share a scale-up domain), plus one RDMA
-    work request per (block, tensor): `tensors_per_block` is 1 for the packed layout and the
-    number of per-layer KV tensors (e.g. 92 for DeepSeek V4) for the per-tensor layout."""
-    if link_bytes_per_s <= 0:
-        raise ServecastError(f"kv transfer: link bandwidth {link_bytes_per_s}: must be positive")
-    tokens = np.asarray(new_tokens, float)
-    data = kv_transfer_bytes(tokens, kv_bytes_per_token, state_bytes, layout)
-    tensors = 1 if layout == "packed" else tensors_per_block
-    senders = np.maximum(np.asarray(gpus_sending, float), 1.0)
-    descriptors = np.ceil(tokens / block_tokens) * tensors / senders
-    return data / (link_bytes_per_s * senders) + descriptors * descriptor_s
 
 
 # ---------------------------------------------------------------- the pools, built whole
@@ -195,15 +154,6 @@ def build_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
                  decode.count * decode.ranks, decode.ranks, o, float(np.mean(c + o)), gap, reload, service,
                  np.asarray(handoff, float), steps, q, batch, step_s, cap,
                  bounded, RequestMix(c, u, o, gap).hit_rate, cache or None)
-
-
-def handoff_bytes_per_token(step_model) -> float:
-    """KV bytes per new token a prefill worker hands off: its architecture's at its KV dtype
-    (a reference step model without one states `kv_bytes_per_token`)."""
-    stated = getattr(step_model, "kv_bytes_per_token", None)
-    if stated is not None:
-        return float(stated)
-    return float(kv_bytes_per_token(step_model.arch, step_model.kv_dtype))
 
 
 def _live_sessions(workload: Workload, load: Load, seed: int) -> float:
