@@ -34,6 +34,8 @@ import numpy as np
 import pandas as pd
 
 from model.perf.params import weight_bytes
+from model.plan import full_tier, plan_models, search_cache
+from model.plan import traffic as traffic_moments
 from model.plan.cost import CostSummary
 from model.plan.deployment import (
     MODES,
@@ -381,3 +383,14 @@ def screening_at(inputs: PlanInputs, dep: Deployment) -> pd.Series:
         (dep.long_prefill_token_threshold,), (dep.prefill_schedule_interval,), 0.0, None,
         shape_of(dep))
     return cands.iloc[0] if len(cands) else pd.Series(dtype=object)
+
+
+def clear_search_caches() -> None:
+    """Forget what searches memoized (plans, step models' tables, cache-model answers, full-tier
+    evaluations): a benchmark's cold start."""
+    for fn in (plan_models._plan_model, plan_models._enumerated, plan_models.step_table,
+               plan_models.prefill_step_s, search_cache._capacities,
+               search_cache._reload_s_per_token, search_cache._tier_hit_points,
+               search_cache._grid_hits, traffic_moments._chunk_mix, traffic_moments._traffic_for,
+               full_tier._evaluate):
+        fn.cache_clear()
