@@ -38,6 +38,7 @@ from model.specs.workload import ClosedLoop, Load
 SLO_MARGIN = 0.25  # shortlist deployments whose screening comes within this of the SLO
 TPGS_MARGIN = 0.10  # skip one whose screening TPGS falls this far below the best full tier's
 SHORTLIST = 2  # distinct deployments the full tier evaluates (and each mode's best)
+RESERVE = 4  # more, evaluated in turn only while none of the shortlist meets the SLO
 EVALUATIONS = 4  # full-tier evaluations per deployment on its way to the SLO's edge
 EDGE_STEP = 1.25  # first step past a point when the screening predicts no move
 EDGE_TOLERANCE = 0.05  # the SLO's edge is bracketed to this share of its sessions
@@ -150,10 +151,12 @@ class Slo:
 
 
 def shortlist(candidates: pd.DataFrame, slo: Slo, count: int = SHORTLIST,
-              margin: float = SLO_MARGIN, rank_by: str = "tpgs") -> list[pd.DataFrame]:
-    """The screening rows of the best `count` distinct deployments and of each mode's best,
-    best first (each frame: that deployment's feasible rows by concurrency). A deployment ranks by its best `rank_by`
-    among rows meeting the SLO; one that only comes within `margin` of the SLO, by its
+              margin: float = SLO_MARGIN, rank_by: str = "tpgs",
+              reserve: int = RESERVE) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
+    """(the screening rows of the best `count` distinct deployments and of each mode's best;
+    of the next `reserve` ones), best first, each frame that deployment's feasible rows by
+    concurrency. A deployment ranks by its best `rank_by` among rows meeting the SLO (ties to
+    the higher P90 interactivity); one that only comes within `margin` of the SLO, by its
     `rank_by` where its P90 interactivity is highest (the full tier may find it there)."""
     feasible = candidates[candidates["feasible"]]
     inter = feasible["p90_interactivity_tok_s"]
@@ -163,32 +166,36 @@ def shortlist(candidates: pd.DataFrame, slo: Slo, count: int = SHORTLIST,
         meets &= feasible["p90_ttft_s"] <= slo.p90_ttft_s
         near &= feasible["p90_ttft_s"] <= slo.p90_ttft_s * (1.0 + margin)
     keys = [feasible[k] for k in DEPLOYMENT_KEYS]
-    scored = feasible[rank_by].where(meets).groupby(keys).max()
+    rows = feasible.loc[meets, rank_by].groupby([k[meets] for k in keys]).idxmax()
     closest = feasible[near].groupby([k[near] for k in keys])["p90_interactivity_tok_s"].idxmax()
-    scored = scored.fillna(feasible.loc[closest, rank_by].set_axis(closest.index)).dropna()
-    ranked = scored.sort_values(ascending=False)
-    chosen = _distinct(ranked, feasible, rank_by, count)
-    for mode in ranked.index.get_level_values(0).unique():  # each mode's best, too
-        if all(k[0] != mode for k in chosen):
-            chosen.append(next(k for k in ranked.index if k[0] == mode))
-    return [feasible[_matches(feasible, key)].sort_values("concurrency")
-            .drop_duplicates("concurrency") for key in chosen]
+    rows = pd.concat([rows, closest[~closest.index.isin(rows.index)]])
+    picked = feasible.loc[rows.to_numpy(),
+                          list(dict.fromkeys([rank_by, "tpgs", "p90_interactivity_tok_s"]))]
+    order = np.lexsort((-picked["p90_interactivity_tok_s"].to_numpy(),
+                        -picked[rank_by].to_numpy()))
+    ranked = _distinct([rows.index[i] for i in order], picked.iloc[order], count + reserve)
+    primary = ranked[:count]
+    for mode in dict.fromkeys(k[0] for k in ranked):  # each mode's best, too
+        if all(k[0] != mode for k in primary):
+            primary.append(next(k for k in ranked if k[0] == mode))
+    frames = {k: feasible[_matches(feasible, k)].sort_values("concurrency")
+              .drop_duplicates("concurrency") for k in ranked}
+    return [frames[k] for k in primary], [frames[k] for k in ranked if k not in primary]
 
 
-def _distinct(ranked: pd.Series, feasible: pd.DataFrame, rank_by: str, count: int) -> list:
-    """The first `count` keys of `ranked`, leaving out a deployment that only repeats a kept
-    one: same mode and knobs, its best screening point within 1% of TPGS and 2% of P90
-    interactivity (plans that differ only where the screening cannot tell them apart)."""
-    kept, points = [], []
-    for key in ranked.index:
-        row = feasible.loc[feasible[rank_by].where(_matches(feasible, key)).idxmax()]
+def _distinct(keys: list, points: pd.DataFrame, count: int) -> list:
+    """The first `count` of `keys`, leaving out a deployment that only repeats a kept one: same
+    mode and knobs, its ranking point (`points`, in the same order) within 1% of TPGS and 2% of
+    P90 interactivity (plans that differ only where the screening cannot tell them apart)."""
+    kept, seen = [], []
+    for key, (_, row) in zip(keys, points.iterrows(), strict=True):
         point = (key[0], key[6], key[7], float(row["tpgs"]),
                  float(row["p90_interactivity_tok_s"]))
         if any(p[:3] == point[:3] and abs(point[3] / p[3] - 1.0) < 0.01
-               and abs(point[4] / p[4] - 1.0) < 0.02 for p in points):
+               and abs(point[4] / p[4] - 1.0) < 0.02 for p in seen):
             continue
         kept.append(key)
-        points.append(point)
+        seen.append(point)
         if len(kept) == count:
             break
     return kept
@@ -289,6 +296,34 @@ def _edge_search(evaluate, curve: pd.DataFrame, slo: Slo, points: dict, at: int,
 def _screen_at(curve: pd.DataFrame, conc: int) -> float:
     c = curve["concurrency"].to_numpy(float)
     return float(np.interp(np.log(conc), np.log(c), curve["p90_interactivity_tok_s"]))
+
+
+def at_peak(evaluate, curve: pd.DataFrame, metric: str,
+            evaluations: int = EVALUATIONS) -> list[FullTierPoint]:
+    """Full-tier points of one deployment climbing to its largest `metric` (no SLO): from the
+    screening's peak concurrency, one EDGE_STEP each way, then on in the better direction
+    while the full tier's `metric` grows."""
+    start = int(curve.loc[curve[metric].idxmax(), "concurrency"])
+    points = {start: evaluate(start)}
+
+    def value(c: int) -> float:
+        return getattr(points[c], metric)
+
+    steps = [s for s in (max(int(round(start * EDGE_STEP)), start + 1),
+                         max(int(start / EDGE_STEP), 1)) if s != start]
+    for c in dict.fromkeys(steps):
+        points[c] = evaluate(c)
+    at = max(points, key=value)
+    while at != start and len(points) < evaluations:
+        nxt = max(int(round(at * EDGE_STEP)), at + 1) if at > start else max(
+            int(at / EDGE_STEP), 1)
+        if nxt in points:
+            break
+        points[nxt] = evaluate(nxt)
+        if value(nxt) <= value(at):
+            break
+        start, at = at, nxt
+    return [points[c] for c in sorted(points)]
 
 
 def best_point(points: list[FullTierPoint], slo: Slo) -> FullTierPoint | None:

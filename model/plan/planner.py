@@ -49,6 +49,7 @@ from model.plan.full_tier import (
     TPGS_MARGIN,
     FullTierPoint,
     Slo,
+    at_peak,
     at_slo,
     best_point,
     evaluate_deployment,
@@ -105,17 +106,10 @@ class PlanResult:
     search_seconds: float = 0.0
     evaluated: tuple[FullTierPoint, ...] = ()  # every full-tier point behind the answer
 
-    def full_tier_peak(self, metric: str, count: int = 2) -> FullTierPoint:
-        """The full tier's largest `metric` (tpgs | p90_interactivity_tok_s) with no SLO: the
-        screening's `count` best deployments by it (and each mode's best), each at the
-        concurrency where the screening peaks."""
-        points = []
-        for curve in shortlist(self.candidates, Slo(0.0), count=count, rank_by=metric):
-            row = curve.loc[curve[metric].idxmax()]
-            points.append(_evaluator(self.inputs, deployment_of(
-                row, self.inputs.arch.name, self.inputs.max_num_batched_tokens))(
-                    int(row["concurrency"])))
-        return max(points, key=lambda p: getattr(p, metric))
+    def full_tier_peak(self, metric: str) -> FullTierPoint:
+        """The full tier's largest `metric` (tpgs | p90_interactivity_tok_s) with no SLO, the
+        points behind the answer included (`peak_point`)."""
+        return peak_point(self.inputs, self.candidates, metric, self.evaluated)
 
     def contract(self) -> dict[str, object]:
         """The `servecast plan --json` object (DESIGN.md command-line contract)."""
@@ -171,7 +165,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
     over THRESHOLDS / INTERVALS); `concurrency`: fix the client sessions (one value or a list;
     else searched, and the full tier moves them to the SLO's edge);
     `deployment`: restrict the plan to this deployment label (`dp8-ep8`, `2x[tp4]`,
-    `1P[dp4-ep4]1D[dp8-ep8]`; replicas of a bare plan follow `gpus`, None: one); its numbers
+    `1P[dp4-ep4]1D[dp8-ep8]`; replicas of a bare plan follow `gpus`; `gpus=None`: the
+    deployment's own GPUs); its numbers
     are then what `servecast serve --deployment` reports with the same engine settings, and
     when no setting meets the SLO the closest is reported (`meets_slo` false);
     `prefill_hardware`: a different chip for disaggregated prefill workers;
@@ -193,7 +188,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
                             max_num_batched_tokens, traffic)
     modes = (shape.mode,) if shape is not None else tuple(modes)
     fixed = None if concurrency is None else tuple(sorted({int(c) for c in concurrency}))
-    grid = fixed or np.unique(np.round(np.geomspace(max(gpus // 2, 1), 96 * gpus, 40)))
+    grid = fixed or session_grid(gpus)
     cands, saturation, rejected = screen_candidates(
         inputs, gpus, modes, grid, _knob(long_prefill_token_threshold, THRESHOLDS),
         _knob(prefill_schedule_interval, INTERVALS), slo.p90_interactivity_tok_s,
@@ -211,9 +206,35 @@ def screen(arch, hardware, gpus: int, workload, slo_p90_interactivity: float = 5
     """The screening tier's candidates alone, as `plan` ranks them (no full tier): for tables
     that compare many deployments, such as the best per parallel family."""
     inputs = resolve_inputs(arch, hardware, workload)
-    grid = concurrency or np.unique(np.round(np.geomspace(max(gpus // 2, 1), 96 * gpus, 40)))
-    return screen_candidates(inputs, gpus, tuple(modes), grid, THRESHOLDS, INTERVALS,
-                             slo_p90_interactivity)[0]
+    return screen_candidates(inputs, gpus, tuple(modes), concurrency or session_grid(gpus),
+                             THRESHOLDS, INTERVALS, slo_p90_interactivity)[0]
+
+
+def session_grid(gpus: int) -> np.ndarray:
+    """The client sessions the screening tries: 40 points from half the GPUs to 96 per GPU."""
+    return np.unique(np.round(np.geomspace(max(gpus // 2, 1), 96 * gpus, 40)))
+
+
+def peak_point(inputs: PlanInputs, candidates: pd.DataFrame, metric: str,
+               known=(), count: int = 2) -> FullTierPoint:
+    """The full tier's largest `metric` (tpgs | p90_interactivity_tok_s) with no SLO: the
+    screening's `count` best deployments by it (and each mode's best), each climbed from the
+    concurrency where the screening peaks (`at_peak`), and the `known` points."""
+    points = list(known)
+    for curve in shortlist(candidates, Slo(0.0), count=count, rank_by=metric, reserve=0)[0]:
+        template = deployment_of(curve.iloc[0], inputs.arch.name, inputs.max_num_batched_tokens)
+        points += at_peak(_evaluator(inputs, template), curve, metric)
+    return max(points, key=lambda p: getattr(p, metric))
+
+
+def full_tier_peak(arch, hardware, gpus: int, workload, metric: str,
+                   precision: str | None = None) -> FullTierPoint:
+    """`peak_point` of a scenario without an SLO search: the screening, then the full tier on
+    its best deployments for `metric`."""
+    inputs = resolve_inputs(arch, hardware, workload, ServingChoices(precision))
+    cands = screen_candidates(inputs, gpus, MODES, session_grid(gpus), THRESHOLDS, INTERVALS,
+                              0.0)[0]
+    return peak_point(inputs, cands, metric)
 
 
 def _shape(label: str | None, gpus: int | None, modes) -> tuple[DeploymentShape | None, int]:
@@ -242,15 +263,12 @@ def _knob(value: int | None, searched: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _no_plan(inputs: PlanInputs, gpus: int, rejected: str) -> Infeasible:
-    hw = inputs.hardware
-    return Infeasible(f"no parallel plan of {inputs.arch.name} fits {gpus} x {hw.name}: "
-                      f"weights {weight_bytes(with_precision(inputs.arch, inputs.precision)) / 1e9:,.0f}"
-                      f" GB at "
-                      f"{inputs.precision or inputs.arch.weight_dtype} vs "
-                      f"{gpus * hw.hbm_bytes / 1e9:,.0f} GB HBM"
-                      + (f" (e.g. {rejected})" if rejected else "")
-                      + "; add GPUs or serve a smaller checkpoint (--precision fp8 / mxfp8 / "
-                      "nvfp4)")
+    hw, served = inputs.hardware, with_precision(inputs.arch, inputs.precision)
+    return Infeasible(
+        f"no parallel plan of {inputs.arch.name} fits {gpus} x {hw.name}: weights "
+        f"{weight_bytes(served) / 1e9:,.0f} GB at {inputs.precision or inputs.arch.weight_dtype}"
+        f" vs {gpus * hw.hbm_bytes / 1e9:,.0f} GB HBM" + (f" (e.g. {rejected})" if rejected else "")
+        + "; add GPUs or serve a smaller checkpoint (--precision fp8 / mxfp8 / nvfp4)")
 
 
 def deployment_of(row: pd.Series, arch_name: str, budget_tokens: int) -> Deployment:
@@ -278,18 +296,20 @@ def _evaluator(inputs: PlanInputs, template: Deployment):
 
 def _choose(inputs: PlanInputs, cands: pd.DataFrame, slo: Slo, fixed, restricted: bool
             ) -> tuple[tuple[FullTierPoint, pd.Series], list[FullTierPoint]]:
-    """The full tier's pick among the screening's shortlist: (the chosen point and its
-    screening row, every point evaluated). Restricted to one deployment whose settings all
-    miss the SLO, the closest point is the pick."""
-    curves = shortlist(cands, slo)
-    if not curves and restricted:
-        curves = shortlist(cands, Slo(0.0), rank_by="p90_interactivity_tok_s")
-    if not curves:
+    """The full tier's pick among the screening's shortlist, and its reserve in turn while no
+    point meets the SLO: (the chosen point and its screening row, every point evaluated).
+    Restricted to one deployment whose settings all miss the SLO, the closest is the pick."""
+    primary, reserve = shortlist(cands, slo)
+    if not primary and restricted:
+        primary, reserve = shortlist(cands, Slo(0.0), rank_by="p90_interactivity_tok_s")
+    if not primary:
         best_under_slo(cands, slo.p90_interactivity_tok_s, slo.p90_ttft_s)  # names the gap
         raise Infeasible("no candidate comes near the SLO")
     evaluated: list[tuple[FullTierPoint, pd.Series]] = []
     best = None
-    for curve in curves:
+    for i, curve in enumerate(primary + reserve):
+        if i >= len(primary) and best is not None:
+            break  # the reserve only while nothing meets the SLO
         near = curve["p90_interactivity_tok_s"] >= (1.0 - SLO_MARGIN) * slo.p90_interactivity_tok_s
         if best is not None and float(curve.loc[near, "tpgs"].max()) < (1.0 - TPGS_MARGIN) \
                 * best[0].tpgs:
