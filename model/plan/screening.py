@@ -62,7 +62,8 @@ def _max_of_ranks(pmf: np.ndarray, ranks) -> np.ndarray:
 # ---------------------------------------------------------------- aggregated replicas
 
 def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replicas,
-                      concurrency, threshold, interval, kv_capacity_tokens, tokens_per_step=1.0,
+                      concurrency, threshold_tokens, interval_steps, kv_capacity_tokens,
+                      tokens_per_step=1.0,
                       reload_s_per_token=0.0,
                       max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
                       max_num_seqs: int = MAX_NUM_SEQS, iterations: int = 13,
@@ -70,14 +71,15 @@ def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replica
                       lower_tier_tokens=None) -> dict:
     """Closed-form steady state of aggregated candidates, all broadcastable arrays: `which`
     plan in the (stacked) table, its `dp` / `pp`, `replicas`, client `concurrency` (whole
-    deployment), `threshold` (0 = off), `interval` (prefill_schedule_interval), the replica's
+    deployment), `threshold_tokens` (0 = off), `interval_steps` (prefill_schedule_interval),
+    the replica's
     `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`. Finite cache
     (model.plan.search_cache): `miss_tokens` per request are recomputed, `lower_tier_tokens`
     reloaded (None: sessions whose KV does not fit the HBM pool reload it all).
     Returns arrays: rate_rps (per replica), tokens_per_s (deployment), p90_interactivity_tok_s,
     p90_ttft_s, mean_ttft_s, decode_batch, step_time_s, limit (what binds) and feasible."""
     arrays = np.broadcast_arrays(*(np.asarray(a, float) for a in (
-        which, dp, pp, replicas, concurrency, threshold, interval, kv_capacity_tokens,
+        which, dp, pp, replicas, concurrency, threshold_tokens, interval_steps, kv_capacity_tokens,
         tokens_per_step, reload_s_per_token, miss_tokens)))
     which, dp, pp, replicas, conc, thr, interval, kv_cap, tps, reload_tok, miss = arrays
     which = which.astype(int)
@@ -228,7 +230,7 @@ def _ttft(chunks, t_chunk, t_quiet, pp, interval):
 # ---------------------------------------------------------------- disaggregated
 
 def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_table: StepTable,
-                           which, decode_gpus, decode_batch_cap, x, y, concurrency,
+                           which, decode_gpus, decode_seqs_cap, x, y, concurrency,
                            traffic: Traffic, chunk_tokens, kv_bytes_per_token: float,
                            link_bytes_per_s: float, tokens_per_step=1.0, miss_tokens=0.0,
                            lower_tier_s=0.0) -> dict:
@@ -241,13 +243,13 @@ def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_t
     per decode instance (`decode_table.decode(b, which)` gives T_D, no prefill interference) the
     system serves r(b) = y b q / (O T_D(b)) requests/s and holds N(b) = r(b) * cycle(b) lanes
     (Little's law); N rises with b, so a bracketed root finder on log b (`_decode_batch_root`)
-    finds the b that carries the given lanes. b stops at `decode_batch_cap` (KV pool,
+    finds the b that carries the given lanes. b stops at `decode_seqs_cap` (KV pool,
     max_num_seqs): lanes beyond it wait for a decode slot, and a prefill pool near saturation
     absorbs them in its M/D/1 wait.
     Finite cache: `miss_tokens` per request are recomputed (prefill work), `lower_tier_s` per
     request reloads lower-tier hits before the prefill."""
     args = np.broadcast_arrays(*(np.asarray(a, float) for a in (
-        prefill_step_s, prefill_gpus, prefill_senders, which, decode_gpus, decode_batch_cap, x, y,
+        prefill_step_s, prefill_gpus, prefill_senders, which, decode_gpus, decode_seqs_cap, x, y,
         concurrency, chunk_tokens, tokens_per_step, miss_tokens, lower_tier_s)))
     t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = (
         np.atleast_1d(a) for a in args)  # candidates are indexed (the root finder's subsets)

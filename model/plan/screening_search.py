@@ -51,12 +51,12 @@ def _cache_terms(pm: PlanModel, arch, hw, kv_dtype, workload, sessions, cache: C
 def search_aggregated(models: list[PlanModel], hw, traffic: Traffic, gpus: int, concurrency,
                       thresholds, intervals, kv_bytes_per_token: float,
                       max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS, cache_inputs=None,
-                      slo: float | None = None, refine: int = 8,
-                      slo_ttft: float | None = None) -> pd.DataFrame:
+                      slo_p90_interactivity: float | None = None, refine: int = 8,
+                      slo_p90_ttft_s: float | None = None) -> pd.DataFrame:
     """Every (plan, threshold, interval, concurrency) of aggregated replicas, in one array pass.
     `cache_inputs` = (arch, kv_dtype, workload, CacheSetup): hit rates answer to each plan's tier
     capacities and the policy (model.plan.search_cache); None keeps the infinite-cache hit rate.
-    With `slo`, each (plan, knobs) gets `refine` more concurrencies at its SLO edge
+    With an SLO, each (plan, knobs) gets `refine` more concurrencies at its SLO edge
     (`slo_edge_concurrencies`)."""
     usable = [pm for pm in models if gpus % pm.plan.gpus == 0]
     if not usable:
@@ -75,9 +75,10 @@ def search_aggregated(models: list[PlanModel], hw, traffic: Traffic, gpus: int, 
     args = (usable, table, hw, traffic, gpus, kv_bytes_per_token, max_num_batched_tokens,
             cache_inputs)
     frame = _aggregated_frame(*args, combo[which], np.tile(conc, len(combo)))
-    if slo is None:
+    if slo_p90_interactivity is None:
         return frame
-    idx, fine = slo_edge_concurrencies(conc, meets_slo(frame, slo, slo_ttft).to_numpy(),
+    idx, fine = slo_edge_concurrencies(conc, meets_slo(frame, slo_p90_interactivity,
+                                                       slo_p90_ttft_s).to_numpy(),
                                        refine)
     if not len(idx):
         return frame
@@ -153,9 +154,11 @@ def _text(values) -> pd.Series:
 
 def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: int,
                          kv_bytes_per_token: float, link_bytes_per_s: float, chunk: int,
-                         slo: float, concurrency, cache_inputs=None, prefill_hw=None,
+                         slo_p90_interactivity: float, concurrency, cache_inputs=None,
+                         prefill_hw=None,
                          max_num_seqs: int = MAX_NUM_SEQS, refine: int = 8,
-                         slo_ttft: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                         slo_p90_ttft_s: float | None = None
+                         ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stage 1: saturation of every prefill-only and decode-only plan. Stage 2: every xPyD ratio
     of every plan pair that fills the budget, at each client concurrency (closed loop,
     `screen_disaggregated`), refined at each combo's SLO edge as in the aggregated search.
@@ -185,7 +188,7 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
     b_cap = np.minimum(kv_batch, np.array([max_num_seqs * pm.plan.dp for pm in decode_models]))
     rate = batches * tps[:, None] / (traffic.mean_output_tokens * steps)
     inter = tps[:, None] / steps
-    ok = (inter >= slo) & (batches <= b_cap[:, None])
+    ok = (inter >= slo_p90_interactivity) & (batches <= b_cap[:, None])
     best = np.argmax(np.where(ok, rate, -1.0), axis=1)
     for k, pm in enumerate(decode_models):
         i, good = best[k], ok[k, best[k]]
@@ -214,7 +217,8 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
             cache_inputs, prefill_hw)
     frame = _disaggregated_frame(*args, np.repeat(np.arange(len(combo)), len(conc)),
                                  np.tile(conc, len(combo)))
-    idx, fine = slo_edge_concurrencies(conc, meets_slo(frame, slo, slo_ttft).to_numpy(), refine)
+    idx, fine = slo_edge_concurrencies(conc, meets_slo(frame, slo_p90_interactivity,
+                                                       slo_p90_ttft_s).to_numpy(), refine)
     if len(idx):
         frame = pd.concat([frame, _disaggregated_frame(*args, idx, fine)], ignore_index=True)
     return frame, pd.DataFrame(sat_rows)
@@ -257,7 +261,7 @@ def _disaggregated_frame(combo, prefill_models, decode_models, table: StepTable,
 # ---------------------------------------------------------------- one plan's screening
 
 def screen_candidates(inputs: PlanInputs, gpus: int, modes, concurrency, thresholds, intervals,
-                      slo: float, slo_ttft: float | None = None,
+                      slo_p90_interactivity: float, slo_p90_ttft_s: float | None = None,
                       shape: DeploymentShape | None = None
                       ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(every candidate of `modes` on `gpus` GPUs, the stage-1 saturation table, the last reason
@@ -274,7 +278,8 @@ def screen_candidates(inputs: PlanInputs, gpus: int, modes, concurrency, thresho
         frames.append(search_aggregated(models, inputs.hardware, inputs.traffic, gpus,
                                         concurrency, thresholds, intervals,
                                         inputs.kv_bytes_per_token, chunk, inputs.cache_inputs,
-                                        slo=slo, slo_ttft=slo_ttft))
+                                        slo_p90_interactivity=slo_p90_interactivity,
+                                        slo_p90_ttft_s=slo_p90_ttft_s))
     if "disaggregated" in modes and gpus >= 2:
         sizes = replica_sizes(gpus - 1, False)
         p_models, why_p = plan_models(inputs.arch, inputs.prefill_hardware, sizes, ("prefill",),
@@ -287,9 +292,11 @@ def screen_candidates(inputs: PlanInputs, gpus: int, modes, concurrency, thresho
         link = min(float(inputs.prefill_hardware.scale_out_bandwidth_bytes_per_s),
                    float(inputs.hardware.scale_out_bandwidth_bytes_per_s))
         frame, sat = search_disaggregated(p_models, d_models, inputs.traffic, gpus,
-                                          inputs.kv_bytes_per_token, link, chunk, slo,
+                                          inputs.kv_bytes_per_token, link, chunk,
+                                          slo_p90_interactivity,
                                           concurrency, inputs.cache_inputs,
-                                          inputs.prefill_hardware, slo_ttft=slo_ttft)
+                                          inputs.prefill_hardware,
+                                          slo_p90_ttft_s=slo_p90_ttft_s)
         if shape is not None and not frame.empty:
             frame = frame[(frame["x"] == shape.prefill_workers)
                           & (frame["y"] == shape.decode_workers)].reset_index(drop=True)
