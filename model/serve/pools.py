@@ -8,14 +8,16 @@ Per request i of the mix (context c_i, uncached u_i, output o_i, gap z_i), with 
 
 - Prefill. Sessions stick to one DP rank of one prefill worker (its prefix cache): each of the
   x·dp_P ranks is a FCFS server of N / (x dp_P) sessions at x_P = X / (x dp_P) requests/s. A
-  prompt runs in k_i = ceil(u_i / B) prefill-only steps of chunks p_ij at their end contexts
-  c_i - u_i + min(j B, u_i). On lock-stepped ranks a step carrying this rank's chunk waits for the
-  other ranks', each busy with probability rho (mean field): t_ij(rho) = t1_ij + rho (tA_ij - t1_ij),
-  t1 = the chunk on one rank, tA = every rank carrying such a chunk (the step model's
-  prefill_ranks), so the service is S_i(rho) = sum_j t_ij(rho) / pp (pp stages pipeline the chunks;
-  the prompt's own latency adds (pp - 1)/pp of its longest chunk) and the utilization solves
-  rho = x_P E[S(rho)]: rho = x_P A / (1 - x_P D), A = E[sum_j t1_ij] / pp, D = E[sum_j (tA_ij -
-  t1_ij)] / pp. Prefill-only workers run whole-budget chunks (no threshold, no cadence).
+  prompt runs in k_i = ceil(u_i / B) prefill-only steps of chunks at their end contexts
+  c_i - u_i + min(j B, u_i): its full chunks take whole-budget steps; its last chunk of r tokens
+  takes a step of its own, t(r), when no prompt waits behind it, and rides in a full step by its
+  tokens, r / B t(B), when the next one is queued (probability rho; vLLM packs queued prompts into
+  one budget). On lock-stepped ranks a step waits for the other ranks' chunks, each rank busy
+  with probability rho (mean field): t(rho) = t1 + rho (tA - t1), t1 the chunk on one rank, tA
+  every rank carrying such a chunk (the step model's prefill_ranks). With pp stages the chunks
+  pipeline: the rank is held S_i(rho) = sum of its steps / pp and the prompt finishes (pp - 1)/pp
+  of its longest chunk later. The utilization solves rho = x_P E[S(rho)] (quadratic in rho).
+  Prefill-only workers run whole-budget chunks (no threshold, no cadence).
 - Wait W on the prefill rank: closed loop, the finite-source FCFS law (`fcfs_wait_pmf` with the
   rank's gaps, its sessions decoding elsewhere scaled by the arrival theorem (n - 1) / n, and the
   time from service end to first token); open loop, M/G/1 (Pollaczek-Khinchine) with a Kingman
