@@ -63,8 +63,7 @@ def _max_of_ranks(pmf: np.ndarray, ranks) -> np.ndarray:
 
 def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replicas,
                       concurrency, threshold_tokens, interval_steps, kv_capacity_tokens,
-                      tokens_per_step=1.0,
-                      reload_s_per_token=0.0,
+                      tokens_per_step=1.0, reload_s_per_token=0.0,
                       max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
                       max_num_seqs: int = MAX_NUM_SEQS, iterations: int = 13,
                       mixture_iterations: int = 7, miss_tokens=0.0,
@@ -72,10 +71,9 @@ def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replica
     """Closed-form steady state of aggregated candidates, all broadcastable arrays: `which`
     plan in the (stacked) table, its `dp` / `pp`, `replicas`, client `concurrency` (whole
     deployment), `threshold_tokens` (0 = off), `interval_steps` (prefill_schedule_interval),
-    the replica's
-    `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`. Finite cache
-    (model.plan.search_cache): `miss_tokens` per request are recomputed, `lower_tier_tokens`
-    reloaded (None: sessions whose KV does not fit the HBM pool reload it all).
+    the replica's `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`.
+    Finite cache (model.plan.search_cache): `miss_tokens` per request are recomputed,
+    `lower_tier_tokens` reloaded (None: sessions whose KV does not fit the pool reload it all).
     Returns arrays: rate_rps (per replica), tokens_per_s (deployment), p90_interactivity_tok_s,
     p90_ttft_s, mean_ttft_s, decode_batch, step_time_s, limit (what binds) and feasible."""
     arrays = np.broadcast_arrays(*(np.asarray(a, float) for a in (
@@ -89,8 +87,8 @@ def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replica
     # evicted prefixes are recomputed: they lengthen the request's prefill (more chunks)
     chunks_mean = traffic.chunks(cap) + miss / cap
     u_p90 = traffic.p90_uncached_tokens + miss
-    u, o = traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens
-    s = traffic.mean_context_tokens
+    u, o, s = (traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens,
+               traffic.mean_context_tokens)
     k_eff = u / chunks_mean
     o_step = o / tps  # decode steps per turn
     b_kv = kv_cap / max(s, 1.0)  # decoding sequences whose KV fits
@@ -254,8 +252,8 @@ def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_t
     t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = (
         np.atleast_1d(a) for a in args)  # candidates are indexed (the root finder's subsets)
     which = which.astype(int)
-    u, o = traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens
-    s = traffic.mean_context_tokens
+    u, o, s = (traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens,
+               traffic.mean_context_tokens)
     thr_p = chunk / t_p  # prefill tokens/s per instance
     lam_p = prefill_saturation_rps(t_p, chunk, u)
     service = u / thr_p
