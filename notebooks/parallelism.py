@@ -33,17 +33,18 @@ import numpy as np
 import pandas as pd
 
 from model.frontends import charts, nbio
-from model.specs.errors import Infeasible
 from model.perf.parallel import ParallelPlan
-from model.plan.planner import (
+from model.plan.lessons import (
     best_by_family,
     decode_capacity_by_family,
     dep_vs_tp_decode,
-    plan,
+    plan_family,
     prefill_time_s,
-    step_model,
-    traffic_for,
 )
+from model.plan.plan_models import step_model
+from model.plan.planner import plan
+from model.plan.traffic import traffic_for
+from model.specs.errors import Infeasible
 from model.specs.workload import load_workload
 
 traffic = traffic_for(load_workload(workload))
@@ -90,8 +91,8 @@ prefill
 # ## Decode at agentic context: DCP vs TP vs DEP (stage-1 saturation under the SLO)
 
 # %%
-decode = decode_capacity_by_family(arch, hardware, gpus, traffic.context_mean,
-                                   traffic.output_mean, slo_p90_interactivity)
+decode = decode_capacity_by_family(arch, hardware, gpus, traffic.mean_context_tokens,
+                                   traffic.mean_output_tokens, slo_p90_interactivity)
 best_decode = decode.groupby("family", as_index=False).first().sort_values(
     "decode_tokens_per_s_per_gpu", ascending=False)
 lead, tp_row = best_decode.iloc[0], best_decode[best_decode.family == "TP"]
@@ -105,17 +106,22 @@ chart = charts.bar_chart(
           f"({lead['decode_tokens_per_s_per_gpu']:,.0f} tok/s{gain})",
     subtitle=f"best plan of each family on {gpus} x {hardware}; P90 >= "
              f"{slo_p90_interactivity:g} tok/s per user within KV capacity at "
-             f"{traffic.context_mean:,.0f} tokens of context")
+             f"{traffic.mean_context_tokens:,.0f} tokens of context")
 charts.save(chart, Path(output_dir) / "decode_by_family")
 best_decode
 
 # %% [markdown]
 # ## Mixed traffic: best aggregated deployment per family
+#
+# The screening tier ranks every family's deployments (the table); the full tier serves the
+# chosen one (`plan`'s answer, whose numbers the headline reports).
 
 # %%
 result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
               slo_p90_interactivity=slo_p90_interactivity, modes=("aggregated",))
-families = best_by_family(result, slo_p90_interactivity)
+families = best_by_family(result.candidates, slo_p90_interactivity)
+print(f"full tier: {result.deployment.label()} at {result.best['tpgs']:,.0f} TPGS, P90 "
+      f"{result.best['p90_interactivity_tok_s']:.1f} tok/s")
 families
 
 # %% [markdown]
@@ -127,7 +133,7 @@ families
 
 # %%
 try:
-    dep = dep_vs_tp_decode(arch, hardware, gpus, traffic.context_mean)
+    dep = dep_vs_tp_decode(arch, hardware, gpus, traffic.mean_context_tokens)
 except Infeasible as err:  # e.g. the weights do not fit a DP rank
     dep = {"reason": str(err), "table": pd.DataFrame()}
 if not dep["table"].empty:
@@ -145,7 +151,7 @@ if not dep["table"].empty:
         y_title="decode step (ms)", color_title="plan", rules=rules,
         title=f"{arch}: DEP steps faster above a batch of {cross:g}" if np.isfinite(cross)
         else f"{arch}: TP+EP steps faster at every batch compared",
-        subtitle=f"{gpus} x {hardware} at {traffic.context_mean:,.0f} tokens of context; KV "
+        subtitle=f"{gpus} x {hardware} at {traffic.mean_context_tokens:,.0f} tokens of context; KV "
                  f"fits {dep['tp_kv_sequences']:,.0f} sequences under TP, "
                  f"{dep['dep_kv_sequences']:,.0f} under DEP")
     charts.save(chart, Path(output_dir) / "dep_vs_tp_decode")
@@ -164,8 +170,9 @@ headline = {
     "dcp_gain_decode": float(dcp.max() / non_dcp.max()) if len(dcp) and len(non_dcp)
     and non_dcp.max() > 0 else None,
     "best_decode_family": best_decode.iloc[0]["family"],
-    "best_mixed_family": families.iloc[0]["family"] if len(families) else None,
-    "best_mixed_tpgs": float(families.iloc[0]["tpgs"]) if len(families) else None,
+    "best_mixed_family": plan_family(result.deployment.replica.plan),
+    "best_mixed_tpgs": float(result.best["tpgs"]),
+    "screening_best_family": families.iloc[0]["family"] if len(families) else None,
     "dep_kv_capacity_ratio": dep["dep_kv_sequences"] / dep["tp_kv_sequences"]
     if "dep_kv_sequences" in dep else None,
     # None: DEP never steps faster over the batches compared

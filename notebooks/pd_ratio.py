@@ -25,9 +25,10 @@ output_dir: str = "."  # where figures and headline.json go
 # Stage 2 (ratio): x prefill + y decode instances serve min(x*lam_P, y*lam_D) requests/s, so
 # TPGS depends on the P:D ratio x/y alone and peaks at the rate-matched ratio lam_D/lam_P
 # (research/theory.md §7). A GPU budget only admits the (x, y) that fill it exactly, so the
-# sweep runs over every budget up to `max_gpus` (`model.plan.disagg.ratio_sweep`). The full search
+# sweep runs over every budget up to `max_gpus` (`model.plan.disagg.ratio_sweep`). The search
 # (`model/plan/planner.py`) then charges what the two stages leave out: finite prefix cache, prefill
-# queueing and the KV hand-off in TTFT.
+# queueing and the KV hand-off in TTFT; its screening tier ranks the deployments at the budget
+# (diamonds) and its full tier (`model.serve.pools`) serves the chosen one (the headline).
 
 # %%
 # ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
@@ -44,7 +45,7 @@ result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
               slo_p90_interactivity=slo_p90_interactivity, modes=("disaggregated",),
               prefill_hardware=prefill_hardware or None)
 traffic = result.traffic
-tokens_per_request = traffic.context_mean + traffic.output_mean  # TPGS counts cached input
+tokens_per_request = traffic.mean_context_tokens + traffic.mean_output_tokens  # TPGS counts cached input
 sat = result.saturation
 prefill_sat = sat[sat.phase == "prefill"].sort_values("max_rps_per_gpu", ascending=False)
 decode_sat = sat[sat.phase == "decode"].sort_values("max_rps_per_gpu", ascending=False)
@@ -67,7 +68,7 @@ chart = charts.bar_chart(
           f"{best_p['max_rps_per_gpu']:.2f}",
     subtitle=[f"{arch} on {hardware}, {workload}; the best {top_plans} plans of each phase",
               f"decode at P90 >= {slo_p90_interactivity:g} tok/s within its KV capacity; "
-              f"prefill in full chunks, {traffic.uncached_mean:,.0f} uncached tokens per "
+              f"prefill in full chunks, {traffic.mean_uncached_tokens:,.0f} uncached tokens per "
               "request"])
 charts.save(chart, Path(output_dir) / "pd_saturation")
 chart
@@ -77,7 +78,7 @@ chart
 #
 # Each point is a whole deployment of x prefill and y decode instances; the line is the same
 # two-stage TPGS over a continuous ratio, peaking at the rate-matched ratio (dashed). Ringed and
-# labelled: the deployments that fill the budget; diamonds: the full search's TPGS for those.
+# labelled: the deployments that fill the budget; diamonds: the screening tier's TPGS for those.
 
 # %%
 budget_max = max_gpus or 4 * gpus
@@ -107,7 +108,7 @@ sweeps = pd.concat(sweeps, ignore_index=True)
 points = sweeps.sort_values("gpus").drop_duplicates(["pair", "p_per_d"])
 at_budget = sweeps[sweeps.gpus == gpus].assign(at_budget=True)
 points = pd.concat([points.assign(at_budget=False), at_budget], ignore_index=True)
-c = result.candidates
+c = result.candidates.drop(columns=["_model", "_decode_model"])  # the frame's numbers only
 ok = c[c.feasible & (c.p90_interactivity_tok_s >= slo_p90_interactivity)]
 searched = (ok.merge(at_budget[["prefill_plan", "decode_plan", "x", "y", "pair", "p_per_d"]],
                      left_on=["plan", "decode_plan", "x", "y"],
@@ -123,7 +124,9 @@ chart = charts.pd_sweep_chart(
           f"{gpus} GPUs allow {', '.join(here['label'])}",
     subtitle=[f"{arch} on {hardware}; TPGS = min(x*lam_P, y*lam_D) x "
               f"{tokens_per_request:,.0f} tokens / GPUs, deployments up to {budget_max} GPUs",
-              "diamonds: the full search at the budget (finite prefix cache, TTFT, SLO)"])
+              "diamonds: the screening at the budget (finite prefix cache, TTFT, SLO); "
+              f"the full tier serves {result.deployment.shape_label()} at "
+              f"{best['tpgs'] / 1e3:,.1f}K"])
 charts.save(chart, Path(output_dir) / "pd_ratio")
 chart
 
@@ -159,7 +162,7 @@ headline = {
     "joint_best": result.deployment.label(),
     "joint_x": int(best["x"]), "joint_y": int(best["y"]),
     "tpgs": float(best["tpgs"]), "p90_interactivity_tok_s": float(best["p90_interactivity_tok_s"]),
-    "p90_ttft_s": float(best["p90_ttft_s"]),
+    "p90_ttft_s": float(best["p90_ttft_s"]), "screening_tpgs": float(result.screening["tpgs"]),
     "tokens_per_request": float(tokens_per_request),
     "sweep_pair": {"prefill_plan": chosen[0], "decode_plan": chosen[1],
                    "prefill_rps": float(stage1("prefill", chosen[0])["max_rps"]),

@@ -17,16 +17,19 @@ mode: str = ""  # aggregated, disaggregated, or empty for both
 prefill_hardware: str = ""  # a different chip for disaggregated prefill workers (empty: same)
 precision: str = ""  # serve weights in this format, e.g. mxfp8 (empty: the checkpoint)
 api_model: str = "claude-opus-5"  # API whose prices give the API-equivalent cost
+pareto_points: int = 8  # full-tier points added along the screening's Pareto front
 output_dir: str = "."  # where figures and headline.json go
 
 # %% [markdown]
 # # Best deployment under an interactivity SLO
 #
 # Every valid parallel plan (TP, PP, DP/DEP, EP, DCP, PCP) per replica size, aggregated replicas
-# and disaggregated xPyD workers, engine knobs and client concurrency are evaluated in closed
-# form (`model/plan/planner.py`, `model/plan/search.py`). The Pareto front trades throughput per GPU (TPGS,
-# cached input included) against P90 interactivity; the best point above the SLO is the answer,
-# with its cost and the launch commands that realize it.
+# and disaggregated xPyD workers, engine knobs and client concurrency are ranked by the screening
+# tier (`model/plan/screening.py`, vectorized); the full tier (`model/plan/full_tier.py`: serve()
+# per replica, `model/serve/pools.py` for disaggregated workers) serves the shortlisted ones and
+# points along the screening's front. Every number shown is the full tier's: the Pareto front of
+# TPGS (cached input included) against P90 interactivity, and the best point above the SLO with
+# its cost and the launch commands that realize it.
 
 # %%
 # ruff: noqa: E402, B018  (notebook: imports after the parameters cell, cells end in a display)
@@ -35,26 +38,27 @@ from pathlib import Path
 import pandas as pd
 
 from model.frontends import charts, nbio
-from model.plan.planner import MODES, plan
+from model.plan.deployment import MODES
+from model.plan.planner import plan
 
 result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
               slo_p90_interactivity=slo_p90_interactivity,
               long_prefill_token_threshold=None if long_prefill_token_threshold < 0
               else long_prefill_token_threshold,
               modes=(mode,) if mode else MODES, prefill_hardware=prefill_hardware or None,
-              precision=precision or None, api_model=api_model)
+              precision=precision or None, api_model=api_model, pareto_points=pareto_points)
 headline = result.contract()
 {k: headline[k] for k in ("tpgs", "p90_interactivity_tok_s", "p90_ttft_s", "tco_usd_per_hour",
                           "usd_per_mtok", "cost_advantage", "why")}
 
 # %% [markdown]
-# ## Pareto front: throughput per GPU vs P90 interactivity
+# ## Pareto front: throughput per GPU vs P90 interactivity (full tier)
 
 # %%
-feasible = result.candidates[result.candidates["feasible"]]
-shown = charts.pareto_front(feasible, "p90_interactivity_tok_s", "tpgs", "mode")
+front = result.pareto
+shown = charts.pareto_front(front, "p90_interactivity_tok_s", "tpgs", "mode")
 best = result.best
-at_slo = feasible[feasible.p90_interactivity_tok_s >= slo_p90_interactivity]
+at_slo = front[front.p90_interactivity_tok_s >= slo_p90_interactivity]
 other = at_slo[at_slo["mode"] != best["mode"]]
 versus = (f", {best['tpgs'] / other['tpgs'].max():.1f}x the best {other['mode'].iloc[0]}"
           if len(other) else "")
@@ -63,7 +67,8 @@ chart = charts.pareto_chart(
            "p90_ttft_s"]], "p90_interactivity_tok_s", "tpgs", "mode",
     title=f"{arch} on {gpus} x {hardware}: {best['tpgs'] / 1e3:,.1f}K TPGS at the SLO "
           f"({best['mode']}{versus})",
-    subtitle=[f"{workload} traffic; Pareto front per mode; ringed: the chosen "
+    subtitle=[f"{workload} traffic; the full tier's Pareto front per mode ("
+              f"{headline['full_tier_evaluations']} evaluations); ringed: the chosen "
               f"{result.deployment.label()}",
               f"${headline['usd_per_mtok']:.2g} per million tokens at "
               f"${headline['tco_usd_per_hour']:,.2f}/h TCO; P90 TTFT "

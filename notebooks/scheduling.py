@@ -63,7 +63,7 @@ if reference_step_model:
     dp = 1
 else:
     from model.perf.parallel import ParallelPlan
-    from model.plan.planner import step_model
+    from model.plan.plan_models import step_model
 
     step = step_model(arch, hardware, ParallelPlan(tp=tp, dp=dp, ep=ep))  # served per recipe
 w = load_workload(workload)

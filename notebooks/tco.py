@@ -31,6 +31,8 @@ import pandas as pd
 from model.frontends import charts, nbio
 from model.plan.cost import (
     AGENTX_POST_MIX,
+    POST_MIX_INPUT_TOKENS,
+    POST_MIX_OUTPUT_TOKENS,
     api_equivalent_usd_per_hour,
     cost_advantage,
     gpu_hour_usd,
@@ -40,6 +42,7 @@ from model.plan.cost import (
 from model.specs.errors import ServecastError
 from model.specs.hardware import load_hardware
 from model.specs.prices import api_price
+from model.validate.reproduce import load_paper
 
 rows = []
 for name in hardware:
@@ -69,14 +72,16 @@ per_hour.pivot(index="hardware", columns="basis", values="usd_per_gpu_hour")
 
 # %%
 price = api_price(api_model)
-post = pd.DataFrame([  # vLLM AgentX post, results and cost tables (seed 000)
-    {"model": "deepseek-v4-pro", "gpus": 12, "tpgs": 83_000, "tco_usd_per_hour": 27.72,
-     "published_advantage": 106},
-    {"model": "minimax-m3", "gpus": 2, "tpgs": 70_000, "tco_usd_per_hour": 4.52,
-     "published_advantage": 85},
-    {"model": "kimi-k3", "gpus": 16, "tpgs": 11_800, "tco_usd_per_hour": 36.96,
-     "published_advantage": 14.6},
-])
+post_claims = {}  # the post's results and cost tables (papers/vllm-agentx/claims.yaml)
+for claim in load_paper("vllm-agentx").claims:
+    if claim.predictor == "plan_metric" and "concurrency" not in claim.args:
+        row = post_claims.setdefault(claim.args["arch"], {"model": claim.args["arch"],
+                                                          "gpus": claim.args["gpus"]})
+        row[claim.args["metric"]] = claim.published
+post = pd.DataFrame([{"model": r["model"], "gpus": r["gpus"], "tpgs": r["tpgs"],
+                      "tco_usd_per_hour": r["tco_usd_per_hour"],
+                      "published_advantage": r["cost_advantage"]}
+                     for r in post_claims.values()])
 post["usd_per_mtok"] = [usd_per_mtok(t, r * g) for t, r, g in
                         zip(post.tco_usd_per_hour, post.tpgs, post.gpus, strict=True)]
 post["api_equivalent_usd_per_hour"] = [api_equivalent_usd_per_hour(price, AGENTX_POST_MIX, r * g)
@@ -92,7 +97,7 @@ post
 # %%
 sens = []
 for h in hit_rates:
-    mix = token_mix(88_000, 413, h)
+    mix = token_mix(POST_MIX_INPUT_TOKENS, POST_MIX_OUTPUT_TOKENS, h)
     for _, row in post.iterrows():
         api = api_equivalent_usd_per_hour(price, mix, row.tpgs * row.gpus)
         sens.append({"hit_rate": h, "model": row.model,
@@ -107,7 +112,8 @@ chart = charts.line_chart(
           f"{lead.advantage.iloc[0]:.0f}x at {lead.hit_rate.iloc[0]:.0%} hits, "
           f"{lead.advantage.iloc[-1]:.0f}x at {lead.hit_rate.iloc[-1]:.0%}",
     subtitle="the API bills cached input at a discount, the GPUs serve it at the same TPGS; "
-             "88K-token turns, 413 output tokens, the post's TPGS and TCO")
+             f"{POST_MIX_INPUT_TOKENS / 1e3:.0f}K-token turns, {POST_MIX_OUTPUT_TOKENS} output "
+             "tokens, the post's TPGS and TCO")
 charts.save(chart, Path(output_dir) / "advantage_vs_hit")
 chart
 

@@ -1,15 +1,10 @@
-"""P/D disaggregation: KV hand-off, saturation, rate matching, xPyD ratios (theory.md §7)."""
+"""P/D disaggregation: saturation, rate matching, xPyD ratios (theory.md §7)."""
 
 import numpy as np
 import pytest
 
-from model.perf.parallel import ParallelPlan
 from model.plan.disagg import (
-    Deployment,
-    PhaseConfig,
     decode_saturation,
-    kv_transfer_bytes,
-    kv_transfer_time_s,
     mdl_wait_s,
     prefill_saturation_rps,
     rate_matched_ratio,
@@ -18,7 +13,6 @@ from model.plan.disagg import (
     xpyd_grid,
     xpyd_rates,
 )
-from model.specs.errors import ServecastError
 
 
 def test_scaling_book_pd_ratio_t10():
@@ -60,34 +54,6 @@ def test_mdl_wait_distserve_t18():
     # theory.md §13 T18: M/D/1 with D = 1 s, R = 0.5/s: TTFT = D + R D^2 / (2 (1 - R D)) = 1.5 s.
     assert 1.0 + mdl_wait_s(1.0, 0.5) == pytest.approx(1.5)
     assert np.isinf(mdl_wait_s(1.0, 1.0))
-
-
-def test_kv_transfer_time_packed_vs_per_tensor():
-    # DeepSeek V3 MLA KV 70,272 B/token (theory.md T32), 3,520 new tokens -> 247.36 MB.
-    # Over 4 prefill GPUs x 50 GB/s: 247.36e6/200e9 = 1.2368 ms, + ceil(3520/64)=55 blocks of
-    # descriptors over 4 senders x 2 us = 27.5 us (packed: one tensor per block).
-    packed = kv_transfer_time_s(3520, 70_272, 50e9, gpus_sending=4)
-    assert packed == pytest.approx(247.357e6 / 200e9 + 55 / 4 * 2e-6, rel=1e-4)
-    # Per-tensor layout (92 tensors per block for DeepSeek V4): +10% bytes, 92x the descriptors.
-    per_tensor = kv_transfer_time_s(3520, 70_272, 50e9, gpus_sending=4, layout="per_tensor",
-                                    tensors_per_block=92)
-    assert per_tensor == pytest.approx(1.1 * 247.357e6 / 200e9 + 55 * 92 / 4 * 2e-6, rel=1e-4)
-    assert kv_transfer_bytes(1000, 100.0, state_bytes=5000) == pytest.approx(105_000)
-    with pytest.raises(ServecastError):
-        kv_transfer_bytes(1, 1.0, layout="paged")
-
-
-def test_deployment_gpus_and_dict():
-    p = PhaseConfig("gb300-nvl72", ParallelPlan(tp=1, dp=4, ep=4), instances=1)
-    d = PhaseConfig("gb300-nvl72", ParallelPlan(tp=1, dp=8, ep=8), instances=1)
-    dep = Deployment(mode="disaggregated", arch="deepseek-v4-pro", concurrency=256, prefill=p,
-                     decode=d)
-    assert dep.gpus == 12
-    out = dep.as_dict()
-    assert out["workers"] == {"prefill": 1, "decode": 1}
-    assert out["decode"]["plan"] == "dp8-ep8"
-    with pytest.raises(ServecastError):
-        Deployment(mode="aggregated", arch="x", concurrency=1)
 
 
 def test_ratio_sweep_over_budgets_by_hand():

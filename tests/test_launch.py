@@ -1,7 +1,7 @@
 """Launch commands: vLLM and SGLang flags for a deployment."""
 
 from model.perf.parallel import ParallelPlan
-from model.plan.disagg import Deployment, PhaseConfig
+from model.plan.deployment import Deployment, PhaseConfig
 from model.plan.launch import launch_commands, sglang_flags, vllm_parallel_flags
 
 
@@ -54,7 +54,7 @@ def test_serving_format_flags_follow_the_recipe():
     # with kv-cache-dtype fp8, attention-config {"indexer_kv_dtype":"fp8"} and three draft tokens
     # of the GQA EAGLE3 head (data/deployments/minimax-m3.yaml); on H200 the MXFP8 checkpoint is the
     # architecture's own, MiniMaxAI/MiniMax-M3 (launch names the model, the precision the format).
-    from model.plan.planner import serving_format
+    from model.plan.report import serving_format
     from model.specs.hardware import load_hardware
 
     fmt = serving_format("minimax-m3", load_hardware("b300"),

@@ -1,5 +1,5 @@
-"""Vectorized deployment search: traffic moments, step tables, the aggregated closed form, the
-DP lockstep term, Pareto front and best-under-SLO. Step models here are small test doubles with
+"""The screening tier: traffic moments, step tables, the aggregated closed form, the DP lockstep
+term, Pareto front and best-under-SLO. Step models here are small test doubles with
 hand-checkable times; the wiring to the real step model is tested in test_plan.py."""
 
 from dataclasses import dataclass
@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 
 from model.perf.parallel import ParallelPlan
 from model.perf.step_table import StepTable
-from model.plan.search import (
+from model.plan.screening import (
     _max_of_ranks,
     _poisson_pmf,
     best_under_slo,
-    evaluate_aggregated,
-    evaluate_disaggregated,
     pareto_front,
-    traffic_from_mix,
+    screen_aggregated,
+    screen_disaggregated,
 )
+from model.plan.traffic import traffic_from_mix
 from model.specs.errors import Infeasible
 
 
@@ -62,15 +62,15 @@ def _traffic(context=100_000, uncached=(1000, 3000), output=400, gap=10.0):
 
 def test_traffic_moments_and_chunks():
     tr = _traffic()
-    assert tr.uncached_mean == 2000 and tr.output_mean == 400 and tr.gap_mean_s == 10
+    assert tr.mean_uncached_tokens == 2000 and tr.mean_output_tokens == 400 and tr.mean_gap_s == 10
     assert tr.hit_rate == pytest.approx(1 - 4000 / 200_000)
     # cap 1000 tokens/step: 1 + 3 chunks -> mean 2 steps, mean chunk 1000 tokens.
     assert tr.chunks(1000) == pytest.approx(2.0, rel=0.02)
-    assert tr.chunk_size(1000) == pytest.approx(1000, rel=0.02)
+    assert tr.chunk_tokens(1000) == pytest.approx(1000, rel=0.02)
     # cap above every request: one chunk each.
     assert tr.chunks(8192) == pytest.approx(1.0, rel=0.02)
     # gaps are capped as the AgentX replay caps them (300 s per-trajectory idle cap)
-    assert traffic_from_mix("t", [1], [1], [1], [1000.0]).gap_mean_s == 300.0
+    assert traffic_from_mix("t", [1], [1], [1], [1000.0]).mean_gap_s == 300.0
 
 
 def test_step_table_matches_model_on_grid_and_between():
@@ -104,8 +104,8 @@ def test_aggregated_constant_step_closed_form():
     # rate = 10/18.02 = 0.5549 turns/s; TPGS = rate * (100,000 + 400) = 55,716 tok/s/GPU;
     # interactivity = 1/0.02 = 50 tok/s exactly (no step variance).
     tr = _traffic()
-    table = StepTable(ConstantStep(0.02), tr.context_mean, 8192, 8192, 512)
-    r = evaluate_aggregated(table, tr, 0, 1, 1, 1, np.array([10.0]), 0, 1, 1e9)
+    table = StepTable(ConstantStep(0.02), tr.mean_context_tokens, 8192, 8192, 512)
+    r = screen_aggregated(table, tr, 0, 1, 1, 1, np.array([10.0]), 0, 1, 1e9)
     assert r["rate_rps"][0] == pytest.approx(10 / 18.02, rel=1e-6)
     assert r["tokens_per_s"][0] == pytest.approx(10 / 18.02 * 100_400, rel=1e-6)
     assert r["p90_interactivity_tok_s"][0] == pytest.approx(50.0)
@@ -117,8 +117,8 @@ def test_aggregated_constant_step_closed_form():
 def test_aggregated_kv_capacity_bound():
     # KV holds 2 contexts of 100K: decoding batch <= 2 -> rate <= 2/(400*0.02) = 0.25 turns/s.
     tr = _traffic()
-    table = StepTable(ConstantStep(0.02), tr.context_mean, 8192, 8192, 512)
-    r = evaluate_aggregated(table, tr, 0, 1, 1, 1, np.array([100.0]), 0, 1, 200_000)
+    table = StepTable(ConstantStep(0.02), tr.mean_context_tokens, 8192, 8192, 512)
+    r = screen_aggregated(table, tr, 0, 1, 1, 1, np.array([100.0]), 0, 1, 200_000)
     assert r["rate_rps"][0] == pytest.approx(0.25, rel=1e-6)
     assert r["limit"][0] == "kv_capacity"
 
@@ -136,10 +136,10 @@ def test_threshold_raises_p90_interactivity_under_long_prefills():
     # 8K chunk makes its step ~13x a decode step; 512-token chunks ride on memory-bound decode
     # steps. Same traffic and lanes: P90 interactivity must rise and TPGS must not fall.
     tr = _traffic(uncached=(4000, 12000))
-    table = StepTable(RooflineStep(), tr.context_mean, 8192, 8192 * 8, 1024)
+    table = StepTable(RooflineStep(), tr.mean_context_tokens, 8192, 8192 * 8, 1024)
     conc = np.array([64.0])
-    off = evaluate_aggregated(table, tr, 0, 1, 1, 1, conc, 0, 1, 1e9)
-    on = evaluate_aggregated(table, tr, 0, 1, 1, 1, conc, 512, 1, 1e9)
+    off = screen_aggregated(table, tr, 0, 1, 1, 1, conc, 0, 1, 1e9)
+    on = screen_aggregated(table, tr, 0, 1, 1, 1, conc, 512, 1, 1e9)
     assert on["p90_interactivity_tok_s"][0] > 1.3 * off["p90_interactivity_tok_s"][0]
     assert on["tokens_per_s"][0] >= 0.99 * off["tokens_per_s"][0]
     # ...and the price the post names: the long request's own TTFT grows (more, smaller chunks)
@@ -156,7 +156,7 @@ def test_disaggregated_closed_loop_at_a_given_concurrency():
     from scipy.optimize import brentq
 
     tr = _traffic()
-    table = StepTable(ConstantStep(0.025), tr.context_mean, 8192, 8192, 1024)
+    table = StepTable(ConstantStep(0.025), tr.mean_context_tokens, 8192, 8192, 1024)
     service, hand = 2000 / 16_384, 2000 * 50_000 / 50e9 + 32 * 2e-6
 
     def wait(r):
@@ -166,7 +166,7 @@ def test_disaggregated_closed_loop_at_a_given_concurrency():
         return wait(r) + service + hand + 400 * 0.025 + 10.0
 
     def run(t_prefill, b_cap, n=64.0):
-        return pd.DataFrame(evaluate_disaggregated(t_prefill, 2, 1, table, 0, 4, b_cap, 1, 1, n,
+        return pd.DataFrame(screen_disaggregated(t_prefill, 2, 1, table, 0, 4, b_cap, 1, 1, n,
                                                    tr, 8192, 50_000, 50e9)).iloc[0]
 
     free = run(0.5, 1e9)
@@ -210,10 +210,10 @@ def test_finite_cache_misses_and_lower_tier_reloads():
     # TTFT = 8 steps = 0.16 s; 500 tokens per request reloaded from host at 1 us/token add 0.5 ms.
     # cycle = 0.16 + 0.0005 + 400 * 0.02 + 10 = 18.1605 s -> rate = 10 / 18.1605 turns/s.
     tr = _traffic()
-    table = StepTable(ConstantStep(0.02), tr.context_mean, 8192, 8192, 512)
-    inf = evaluate_aggregated(table, tr, 0, 1, 1, 1, np.array([10.0]), 512, 1, 1e9)
+    table = StepTable(ConstantStep(0.02), tr.mean_context_tokens, 8192, 8192, 512)
+    inf = screen_aggregated(table, tr, 0, 1, 1, 1, np.array([10.0]), 512, 1, 1e9)
     assert inf["mean_ttft_s"][0] == pytest.approx(4 * 0.02, rel=0.02)
-    fin = evaluate_aggregated(table, tr, 0, 1, 1, 1, np.array([10.0]), 512, 1, 1e9,
+    fin = screen_aggregated(table, tr, 0, 1, 1, 1, np.array([10.0]), 512, 1, 1e9,
                               reload_s_per_token=1e-6, miss_tokens=2048.0,
                               lower_tier_tokens=500.0)
     assert fin["mean_ttft_s"][0] == pytest.approx(8 * 0.02 + 500e-6, rel=0.02)
@@ -228,7 +228,7 @@ def test_fcfs_prefill_p90_mixes_the_free_server_and_the_residual_of_the_one_in_s
     # server (0.8) -> own C in {1, 3}; busy (0.2) -> residual R then E[C] = 2, with
     # P(R > r) = E[(C - r)+] / E[C]. At t = 3 steps: 0.8 P(C > 3) + 0.2 P(R > 1)
     # = 0 + 0.2 x (0 + 2) / 2 / 2 = 0.1, so the P90 is 3 steps = 0.3 s.
-    from model.plan.search import _fcfs_prefill
+    from model.plan.screening import _fcfs_prefill
 
     tr = _traffic()
     cap = np.array([1000.0])
@@ -240,7 +240,6 @@ def test_fcfs_prefill_p90_mixes_the_free_server_and_the_residual_of_the_one_in_s
     # a threshold shares the budget: no FCFS wait
     assert _fcfs_prefill(tr, np.array([512.0]), 0.0, np.array([512]), 1.0, 0.1, 0.1, 0.1, 1,
                          1)[0][0] == 0.0
-
 
 
 def test_fcfs_p90_solves_its_mixture_equation_at_any_load_and_extra():
@@ -266,6 +265,7 @@ def test_fcfs_p90_solves_its_mixture_equation_at_any_load_and_extra():
         tail = (1 - r) * own + r * np.minimum(excess / (c.mean() + e), 1.0)
         assert value == pytest.approx(t[np.argmax(tail <= 0.1)], abs=2e-3)
 
+
 @dataclass
 class LinearDecodeStep:
     """A decode step of 20 ms + `slope` (1 ms) per decoding sequence."""
@@ -281,10 +281,10 @@ def test_disaggregated_p90_step_carries_the_decode_batch_fluctuation():
     # 30 sequences decoding on average out of 100 lanes, outputs all 400 tokens (P10 = mean):
     # M/G/inf occupancy, binomial-thinned, averaged over a window equal to the decode length:
     # var = 30 x (1 - 1/3) x (1 - 30/100) = 14; sd of the step = 1 ms/seq x sqrt(14).
-    from model.plan.search import _batch_step_sd
+    from model.plan.screening import _batch_step_sd
 
     tr = _traffic()
-    table = StepTable(LinearDecodeStep(), tr.context_mean, 8192, 8192, 1024)
+    table = StepTable(LinearDecodeStep(), tr.mean_context_tokens, 8192, 8192, 1024)
     sd = _batch_step_sd(table, 0, np.array([30.0]), np.array([100.0]), np.array([False]), tr,
                         1.0)
     # (the slope comes from the step table, bilinear in log1p(b): its chord between grid points
@@ -302,10 +302,11 @@ def test_disaggregated_decode_workers_take_their_engine_factor():
     # every disaggregated candidate decodes at 25 ms, and the decode saturation row's
     # interactivity is 1 / 0.025 = 40 tok/s (one token per step).
     from model.perf.step import EngineFactors
-    from model.plan.planner import _PlanModel, search_disaggregated
+    from model.plan.plan_models import PlanModel
+    from model.plan.screening_search import search_disaggregated
 
     tr = _traffic()
-    grid = StepTable(ConstantStep(0.02), tr.context_mean, 8192, 8192, 512)
+    grid = StepTable(ConstantStep(0.02), tr.mean_context_tokens, 8192, 8192, 512)
     grid = (grid.p_grid, grid.b_grid)
 
     @dataclass
@@ -314,9 +315,8 @@ def test_disaggregated_decode_workers_take_their_engine_factor():
 
     def model(t):
         step = FactoredStep(t)
-        return _PlanModel(ParallelPlan(), "h100-sxm", step,
-                          lambda: StepTable(step, tr.context_mean, 8192, 0, 0, grid=grid), 1e9,
-                          1.0, tr.context_mean, 8192)
+        return PlanModel(ParallelPlan(), "h100-sxm", step, 1e9, 1.0, tr.mean_context_tokens,
+                         8192.0, grid)
 
     frame, sat = search_disaggregated([model(0.5)], [model(0.02)], tr, 2, 1e5, 1e11, 8192, 0.0,
                                       [4.0, 16.0])
@@ -336,9 +336,9 @@ def test_disaggregated_decode_batch_holds_every_lane(t_prefill, slope_ms, x, y, 
     # 3,000, from an idle pool to a saturated prefill pool (0.004 to 13 rps of prefill).
     tr = _traffic()
     step = LinearDecodeStep(slope=slope_ms * 1e-3)
-    table = StepTable(step, tr.context_mean, 8192, 8192, 1e5)
+    table = StepTable(step, tr.mean_context_tokens, 8192, 8192, 1e5)
     lanes = np.geomspace(1.0, 3000.0, 40)
-    r = pd.DataFrame(evaluate_disaggregated(t_prefill, 2, 1, table, 0, 4, b_cap, x, y, lanes, tr,
+    r = pd.DataFrame(screen_disaggregated(t_prefill, 2, 1, table, 0, 4, b_cap, x, y, lanes, tr,
                                             8192, 50_000, 50e9))
     free = r["limit"] != "decode_rate"
     cycle = r["mean_ttft_s"] + 400 * r["step_time_s"] + 10.0

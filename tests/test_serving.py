@@ -252,7 +252,7 @@ def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
     # sessions: +17.3% / +7.5% / +7.1%; the closed form +19.4% / +19.3% / +10.5%), so the claim,
     # an "up to", is checked as a ceiling (papers/vllm-agentx/claims.yaml: at_most, +30%).
     from model.perf.parallel import ParallelPlan
-    from model.plan.planner import step_model
+    from model.plan.plan_models import step_model
 
     sm = step_model("deepseek-v4-pro", "b300", ParallelPlan(dp=8, ep=8))
     out = threshold_effect(sm, load_workload("agentx"), EnginePolicy(prefill_schedule_interval=8),

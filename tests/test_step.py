@@ -120,7 +120,7 @@ def test_dcp_leaves_linear_attention_to_tp():
     # to split there, so TP8 with DCP8 runs a KDA decode exactly as TP8 does, while the MLA
     # layers attend 1/8 of the context with all 96 heads (research/theory.md §1.3): the same
     # FLOPs on 1/8 of the KV bytes, faster where the read dominates
-    from model.plan.planner import step_model
+    from model.plan.plan_models import step_model
     from model.specs.architecture import load_architecture
     from model.specs.hardware import load_hardware
 

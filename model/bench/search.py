@@ -17,24 +17,21 @@ import numpy as np
 
 from model.perf import kernels, ops, roofline
 from model.perf.engine_factors import engine_factors
-from model.plan import search_cache
-from model.plan.planner import (
-    _MODEL_CACHE,
-    _PLANS_CACHE,
-    DEFAULT_SCENARIO,
-    _load,
-    plan,
-    traffic_for,
-)
+from model.plan import plan_models
+from model.plan.plan_models import load_specs
+from model.plan.planner import DEFAULT_SCENARIO, clear_search_caches, plan
+from model.plan.traffic import traffic_for
 from model.serve import cache_model
 
 
 def _clear_search_caches() -> None:
-    """Forget what a search builds: plans, step models and tables, GEMM columns, cache-model
-    answers and per-sample curves."""
-    for cache in (_MODEL_CACHE, _PLANS_CACHE, roofline._GEMM_COLUMNS, search_cache._HITS,
-                  search_cache._GRID_HITS, cache_model._curves, cache_model._cached_parts):
-        cache.clear()
+    """Forget what a search builds: plans, step models and tables, full-tier evaluations, GEMM
+    columns, cache-model answers and per-sample curves (not the kernel parameters read from
+    data/calibration/, which a process reads once)."""
+    clear_search_caches()
+    for cached in (roofline._gemm_columns, cache_model._curve_entry, cache_model._cached_part,
+                   cache_model._curve):
+        cached.cache_clear()
 
 
 def bench_search(repeats: int = 3, **scenario) -> dict:
@@ -44,7 +41,7 @@ def bench_search(repeats: int = 3, **scenario) -> dict:
     for name in ops.FORMULAS:
         ops.compiled(name)
 
-    _, _, w = _load(args["arch"], args["hardware"], args["workload"])
+    _, _, w = load_specs(args["arch"], args["hardware"], args["workload"])
     kernels.fitted_table()
     engine_factors("vllm")
     traffic_for(w)
@@ -62,9 +59,8 @@ def bench_search(repeats: int = 3, **scenario) -> dict:
             "candidates": int(len(result.candidates)),
             "aggregated_candidates": int((result.candidates["mode"] == "aggregated").sum()),
             "disaggregated_candidates": int((result.candidates["mode"] == "disaggregated").sum()),
-            "plans": len([m for m in _MODEL_CACHE.values() if m is not None]),
-            "plans_with_tables": len([m for m in _MODEL_CACHE.values()
-                                      if m is not None and "table" in vars(m)]),
+            "plans": plan_models._plan_model.cache_info().currsize,
+            "plans_with_tables": plan_models.step_table.cache_info().currsize,
             "cold_search_s": cold, "cold_search_min_s": min(colds),
             "cold_search_runs_s": [round(c, 3) for c in colds], "warm_search_s": warm,
             "candidates_per_s_warm": len(result.candidates) / warm,

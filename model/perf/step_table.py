@@ -1,6 +1,6 @@
 """The step model tabulated once, for the two tiers of the serving model.
 
-`StepTable` (screening tier, model.plan.search): step time over a shared (prefill tokens, decode
+`StepTable` (screening tier, model.plan.screening): step time over a shared (prefill tokens, decode
 sequences) grid at the traffic's mean context, bilinear in log1p space; plans stack into one
 array, so every candidate of a search is a few numpy operations.
 

@@ -72,7 +72,8 @@ def token_mix(input_tokens: float, output_tokens: float, hit_rate: float,
 # stated >96% hit rate taken at its floor (the conservative side for the API bill: more cache hits
 # make the API cheaper). Alternatives checked (tests/test_cost.py): 95% hit with the seed medians
 # 142K/444 misses MiniMax M3 by 5.1%; the trace token mass (in:out 278, 96.3% hit) misses DSV4 by 7.6%.
-AGENTX_POST_MIX = token_mix(88_000, 413, 0.96, source=(
+POST_MIX_INPUT_TOKENS, POST_MIX_OUTPUT_TOKENS = 88_000, 413
+AGENTX_POST_MIX = token_mix(POST_MIX_INPUT_TOKENS, POST_MIX_OUTPUT_TOKENS, 0.96, source=(
     "AgentX DSV4 replay medians ISL 88K / OSL 413 (theory.md §10 [S2]) at the post's 96% hit floor"))
 
 

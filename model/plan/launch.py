@@ -17,73 +17,19 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
 
-from model.plan.disagg import Deployment, PhaseConfig
-
-HF_IDS_FALLBACK = {  # used only when the architecture cannot be loaded
-    "deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro",
-    "kimi-k3": "moonshotai/Kimi-K3",
-    "minimax-m3": "MiniMaxAI/MiniMax-M3",
-}
+from model.plan.deployment import Deployment, PhaseConfig, ServingFormat
+from model.specs.architecture import load_architecture
+from model.specs.errors import ServecastError
 
 
 def _model_id(arch: str) -> str:
+    """The checkpoint the launch line names: the architecture's HF id (data/architectures/),
+    else the name as given (an ad-hoc config path)."""
     try:
-        from model.specs.architecture import load_architecture
-
         return load_architecture(arch).hf_id or arch
-    except Exception:  # launch lines must render even for an ad-hoc config path
-        return HF_IDS_FALLBACK.get(arch, arch)
-
-
-@dataclass(frozen=True)
-class ServingFormat:
-    """What the engine serves: checkpoint (None: the architecture's own), KV-cache and index-key
-    cache dtypes, speculative decoding (method, draft tokens, external draft checkpoint)."""
-
-    checkpoint: str | None = None
-    kv_dtype: str | None = None
-    indexer_kv_dtype: str | None = None
-    spec_method: str = "none"
-    spec_tokens: int = 0
-    draft_model: str | None = None
-    extra_vllm: tuple[str, ...] = ()  # the recipe's further flags (data/deployments/)
-
-    def vllm_flags(self) -> list[str]:
-        flags = list(self.extra_vllm)
-        if self.kv_dtype and self.kv_dtype not in ("bf16", "auto"):
-            flags += ["--kv-cache-dtype", self.kv_dtype]
-        if self.indexer_kv_dtype:  # InferenceX MiniMax M3 B300 recipe: attention-config
-            flags += ["--attention-config",
-                      json.dumps({"indexer_kv_dtype": self.indexer_kv_dtype},
-                                 separators=(",", ":"))]
-        if self.spec_tokens:
-            cfg = {"method": self.spec_method, "num_speculative_tokens": self.spec_tokens}
-            if self.draft_model:
-                cfg["model"] = self.draft_model
-            flags += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
-        return flags
-
-    def sglang_flags(self) -> tuple[list[str], list[str]]:
-        flags, notes = [], []
-        if self.kv_dtype == "fp8":
-            flags += ["--kv-cache-dtype", "fp8_e4m3"]
-        if self.spec_tokens:
-            algo = {"eagle3": "EAGLE3", "mtp": "NEXTN"}.get(self.spec_method)
-            if algo is None:
-                notes.append(f"speculative method {self.spec_method} has no SGLang equivalent "
-                             "here; not expressed")
-            else:
-                flags += ["--speculative-algorithm", algo, "--speculative-num-steps",
-                          str(self.spec_tokens), "--speculative-eagle-topk", "1",
-                          "--speculative-num-draft-tokens", str(self.spec_tokens + 1)]
-                if self.draft_model:
-                    flags += ["--speculative-draft-model-path", self.draft_model]
-        if self.indexer_kv_dtype:
-            notes.append(f"index-key cache {self.indexer_kv_dtype}: no SGLang flag; not "
-                         "expressed")
-        return flags, notes
+    except ServecastError:
+        return arch
 
 
 def _format(dep: Deployment) -> ServingFormat:

@@ -1,28 +1,32 @@
-"""Prefix-cache hit rates for the deployment search, answering to each candidate's cache capacity
-and retention policy (issue 5 item 6).
+"""Prefix-cache hit rates for the screening tier, answering to each candidate's cache capacity
+and retention policy.
 
-The search does not model caching itself: a replica's tier capacities come from
-`model.perf.tiers.tier_capacity_tokens` (HBM pool from `model.perf.memory.hbm_budget`, host DRAM, ...), the
-hit rate by tier from `model.serve.cache_model.hit_rate` (closed form over the workload's sessions, Che /
-TTL approximation) at the candidate's sessions per replica, and the time to bring host-tier hits
-back into HBM from `model.perf.tiers.kv_load_time_s`. Each call is ~10 ms, so results are memoized on
-(capacities, sessions, policy): a search asks for a few hundred distinct points, once per process.
+The screening does not model caching itself: a replica's tier capacities come from
+`model.perf.tiers.tier_capacity_tokens` (HBM pool from `model.perf.memory.hbm_budget`, host
+DRAM, ...), the hit rate by tier from `model.serve.cache_model.sticky_tier_hits` (closed form over
+the workload's sessions, Che / TTL approximation) at the candidate's sessions per replica, and the
+time to bring host-tier hits back into HBM from `model.perf.tiers.kv_load_time_s`. Each cache-model
+call is ~10 ms, so the answers are memoized on their arguments (capacities rounded to two
+significant digits, a session grid shared by all candidates).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
+from model.perf.tiers import kv_load_time_s, tier_capacity_tokens
+from model.plan.traffic import Keyed
+from model.serve.cache_model import sticky_tier_hits
+
 DEFAULT_POLICY = "lru"
 DEFAULT_TIERS = ("hbm", "host")  # the post's Mooncake store holds CPU-memory (and disk) tiers
-_REF_CONTEXT = 131072.0  # context at which per-token reload time is taken (AgentX median ~142K)
-
-_HITS: dict[tuple, tuple[float, float, float]] = {}
-_CAPS: dict[tuple, dict[str, float]] = {}
-_RELOAD: dict[tuple, float] = {}
-_GRID_HITS: dict[tuple, tuple[np.ndarray, np.ndarray, float]] = {}
+REF_CONTEXT_TOKENS = 131072.0  # context at which per-token reload time is taken (AgentX ~142K)
+# sessions per replica where the model is asked: a factor of 2 apart (hit rates change smoothly
+# with the session count; cold-search cost is one closed-form call per point and capacity)
+SESSION_GRID = np.geomspace(1.0, 16384.0, 15)
 
 
 @dataclass(frozen=True)
@@ -33,34 +37,30 @@ class CacheSetup:
     tiers: tuple[str, ...] = DEFAULT_TIERS
 
 
-def _name(hw) -> str:
-    return hw.name if hasattr(hw, "name") else str(hw)  # str() of a spec is slow: only as fallback
-
-
 def replica_capacities(arch, hw, plan, kv_dtype, tiers=DEFAULT_TIERS,
-                       context_tokens: float = _REF_CONTEXT) -> dict[str, float]:
-    """Tokens of context one replica keeps per tier (model.perf.tiers, fastest first), with sequences
-    of `context_tokens` (windows and fixed state amortized over it)."""
-    key = (arch.name, arch.weight_dtype, arch.source, _name(hw), plan, kv_dtype,
-           round(float(context_tokens)))
-    if key not in _CAPS:
-        from model.perf.tiers import tier_capacity_tokens
+                       context_tokens: float = REF_CONTEXT_TOKENS) -> dict[str, float]:
+    """Tokens of context one replica keeps per tier (model.perf.tiers, fastest first), with
+    sequences of `context_tokens` (windows and fixed state amortized over it)."""
+    caps = _capacities(Keyed.arch(arch), hw, plan, kv_dtype, round(float(context_tokens)))
+    return {t: caps[t] for t in tiers}
 
-        _CAPS[key] = {t: float(v) for t, v in tier_capacity_tokens(
-            arch, hw, plan, kv_dtype, context_tokens=float(context_tokens)).items()}
-    return {t: _CAPS[key][t] for t in tiers}
+
+@functools.lru_cache(maxsize=1024)
+def _capacities(arch: Keyed, hw, plan, kv_dtype, context_tokens: int) -> dict[str, float]:
+    return {t: float(v) for t, v in tier_capacity_tokens(
+        arch.value, hw, plan, kv_dtype, context_tokens=float(context_tokens)).items()}
 
 
 def reload_s_per_token(arch, hw, plan, kv_dtype, tier: str = "host") -> float:
     """Seconds per token of context to load a session's KV from `tier` into the replica's HBM."""
-    key = (arch.name, arch.weight_dtype, arch.source, _name(hw), plan,
-           kv_dtype, tier)
-    if key not in _RELOAD:
-        from model.perf.tiers import kv_load_time_s
+    return _reload_s_per_token(Keyed.arch(arch), hw, plan, kv_dtype, tier)
 
-        t = float(np.asarray(kv_load_time_s(arch, hw, plan, _REF_CONTEXT, tier, kv_dtype)))
-        _RELOAD[key] = t / _REF_CONTEXT
-    return _RELOAD[key]
+
+@functools.lru_cache(maxsize=1024)
+def _reload_s_per_token(arch: Keyed, hw, plan, kv_dtype, tier: str) -> float:
+    t = float(np.asarray(kv_load_time_s(arch.value, hw, plan, REF_CONTEXT_TOKENS, tier,
+                                        kv_dtype)))
+    return t / REF_CONTEXT_TOKENS
 
 
 def _round(x: float) -> float:
@@ -73,38 +73,40 @@ def tier_hits(workload, capacities: dict[str, float], sessions, policy: str = DE
               ) -> tuple[np.ndarray, np.ndarray, float]:
     """(HBM hit fraction, lower-tier hit fraction, infinite-cache hit) of input tokens, for each
     value of `sessions` (live sessions per replica, array)."""
-    from model.serve.cache_model import sticky_tier_hits
-
     s = np.asarray(sessions, float)
-    caps = {k: _round(v) for k, v in capacities.items()}
-    wkey = (workload.name, getattr(workload, "source", ""), getattr(workload, "date", ""))
-    rounded = np.vectorize(lambda v: _round(max(v, 1.0)), otypes=[float])(s) if s.size else s
-    key = lambda v: (wkey, tuple(caps.items()), float(v), policy)  # noqa: E731
-    todo = sorted({float(v) for v in rounded.ravel() if key(v) not in _HITS})
-    if todo:
-        first, lower, inf = sticky_tier_hits(workload, caps, todo, policy)
-        for v, f, lo in zip(todo, first, lower, strict=True):
-            _HITS[key(v)] = (float(f), float(lo), float(inf))
+    caps = tuple((k, _round(v)) for k, v in capacities.items())
+    rounded = np.array([_round(max(v, 1.0)) for v in s.ravel()]).reshape(s.shape)
+    points = _tier_hit_points(Keyed.workload(workload), caps, tuple(sorted(set(rounded.ravel()))),
+                              policy)
     hbm, low, inf = np.empty(s.shape), np.empty(s.shape), 0.0
     for idx, value in np.ndenumerate(rounded):
-        hbm[idx], low[idx], inf = _HITS[key(value)]
+        hbm[idx], low[idx], inf = points[value]
     return hbm, low, inf
 
 
-# sessions per replica where the model is asked: a factor of 2 apart (hit rates change smoothly
-# with the session count; cold-search cost is one closed-form call per point and capacity)
-SESSION_GRID = np.geomspace(1.0, 16384.0, 15)
+@functools.lru_cache(maxsize=4096)
+def _tier_hit_points(workload: Keyed, capacities: tuple, sessions: tuple, policy: str
+                     ) -> dict[float, tuple[float, float, float]]:
+    """{sessions: (HBM hit, lower-tier hit, infinite-cache hit)} at each session count."""
+    if not sessions:
+        return {}
+    first, lower, inf = sticky_tier_hits(workload.value, dict(capacities), list(sessions),
+                                         policy)
+    return {v: (float(f), float(lo), float(inf))
+            for v, f, lo in zip(sessions, first, lower, strict=True)}
 
 
 def tier_hits_interp(workload, capacities: dict[str, float], sessions,
                      policy: str = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray, float]:
     """`tier_hits` on SESSION_GRID, interpolated in log(sessions) for any array of sessions:
     hit rates vary smoothly with the session count, and a search asks for thousands of counts."""
-    key = (workload.name, getattr(workload, "source", ""), tuple(
-        (k, _round(v)) for k, v in capacities.items()), policy)
-    if key not in _GRID_HITS:
-        _GRID_HITS[key] = tier_hits(workload, capacities, SESSION_GRID, policy)
-    hbm, low, inf = _GRID_HITS[key]
+    hbm, low, inf = _grid_hits(Keyed.workload(workload),
+                               tuple((k, _round(v)) for k, v in capacities.items()), policy)
     x = np.log(np.clip(np.asarray(sessions, float), SESSION_GRID[0], SESSION_GRID[-1]))
     grid = np.log(SESSION_GRID)
     return np.interp(x, grid, hbm), np.interp(x, grid, low), inf
+
+
+@functools.lru_cache(maxsize=256)
+def _grid_hits(workload: Keyed, capacities: tuple, policy: str):
+    return tier_hits(workload.value, dict(capacities), SESSION_GRID, policy)

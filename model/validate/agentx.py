@@ -3,8 +3,8 @@
 `python -m model.validate.agentx [--report]` predicts every run of
 data/benchmarks/inferencex_agentx_2026-09-15.csv that data/benchmarks/inferencex_agentx_deployments.yaml
 maps to a deployment (DeepSeek V4 Pro, Kimi K3 and MiniMax M3 on vLLM and Dynamo + vLLM, B200 to
-GB300 and H200, aggregated and disaggregated, 1 to 1,152 sessions) with `plan` restricted to the
-run's deployment, and prints (or writes to data/benchmarks/inferencex_agentx_check.md) the
+GB300 and H200, aggregated and disaggregated, 1 to 1,152 sessions) with the full tier on the
+run's deployment (what `servecast serve --deployment` and `servecast plan --deployment` report), and prints (or writes to data/benchmarks/inferencex_agentx_check.md) the
 relative errors of TPGS, P90 interactivity and P90 TTFT. Nothing here is fitted: these runs are
 outside the calibration set, so the table says how far the model carries.
 
@@ -23,7 +23,13 @@ import numpy as np
 import pandas as pd
 
 from model import ROOT
+from model.plan.deployment import parse_deployment_label
+from model.plan.full_tier import evaluate_deployment, labelled_deployment
+from model.plan.inputs import ServingChoices, setup_for
+from model.serve.policy import EnginePolicy
+from model.specs.defaults import MAX_NUM_SEQS
 from model.specs.errors import ServecastError
+from model.specs.hardware import load_hardware
 
 RUNS = ROOT / "data" / "benchmarks" / "inferencex_agentx_2026-09-15.csv"
 DEPLOYMENTS = ROOT / "data" / "benchmarks" / "inferencex_agentx_deployments.yaml"
@@ -74,53 +80,54 @@ def _spec_by_concurrency(g: dict, arch: str, hw) -> dict[int, tuple[int, float, 
     return out
 
 
-def _pick(cands: pd.DataFrame, g: dict, conc: int) -> pd.Series:
-    c = cands[cands.concurrency == conc]
+def deployment_label(g: dict) -> str:
+    """The group's deployment as a label (model.plan.deployment): one replica of its plan, or
+    x prefill + y decode workers."""
     if g["mode"] == "aggregated":
-        c = c[(c["mode"] == "aggregated") & (c["plan"] == g["plan"]) & (c["replicas"] == 1)
-              & (c["interval"] == int(g.get("prefill_schedule_interval", 1)))]
-    else:
-        c = c[(c["mode"] == "disaggregated") & (c["plan"] == g["prefill"])
-              & (c["decode_plan"] == g["decode"]) & (c["x"] == int(g["x"]))
-              & (c["y"] == int(g["y"]))]
-    if c.empty:
-        raise LookupError(f"{DEPLOYMENTS.name}: {g['model']} on {g['gpus']} x {g['hardware']}: "
-                          f"no {g.get('plan') or g['prefill'] + ' / ' + g['decode']} candidate "
-                          f"at concurrency {conc}")
-    return c.iloc[0]
+        return f"1x[{g['plan']}]"
+    return f"{int(g['x'])}P[{g['prefill']}]{int(g['y'])}D[{g['decode']}]"
 
 
 def predict_group(g: dict, runs: pd.DataFrame) -> list[dict]:
     """One row per measured run of group `g`: measured and predicted metrics, relative errors
-    (model / measured - 1). One `plan` call per speculative setting covers its concurrencies."""
-    from model.plan.planner import plan
-    from model.specs.hardware import load_hardware
-
+    (model / measured - 1). Each run is the full tier on the group's deployment at the run's
+    sessions (model.plan.full_tier.evaluate_deployment, as `servecast serve --deployment`)."""
     arch, chip = ARCHES[g["model"]], CHIPS[g["hardware"]]
-    hw = load_hardware(chip)
-    spec = _spec_by_concurrency(g, arch, hw)
-    mode = g["mode"]
+    spec = _spec_by_concurrency(g, arch, load_hardware(chip))
+    shape, _ = parse_deployment_label(deployment_label(g)).resolve(int(g["gpus"]))
+    policy = EnginePolicy(int(g["max_num_batched_tokens"]), MAX_NUM_SEQS,
+                          int(g.get("long_prefill_token_threshold", 0)),
+                          int(g.get("prefill_schedule_interval", 1)))
     out = []
-    for setting in sorted(set(spec.values())):
-        conc = sorted(c for c in g["conc"] if spec[c] == setting)
-        cands = plan(arch, chip, int(g["gpus"]), WORKLOAD, 0.0, concurrency=conc, modes=(mode,),
-                     max_num_batched_tokens=int(g["max_num_batched_tokens"]),
-                     long_prefill_token_threshold=int(g.get("long_prefill_token_threshold", 0)),
-                     spec_tokens=setting[0], acceptance_length=setting[1] or None,
-                     spec_method=setting[2]).candidates
-        for _, run in runs[runs.conc.isin(conc)].iterrows():
-            hit = _pick(cands, g, int(run.conc))
-            row = {"id": int(run.id), "model": g["model"], "hardware": g["hardware"],
-                   "framework": g["framework"], "mode": mode, "gpus": int(run.gpus),
-                   "deployment": g.get("plan") or f"{g['x']}P {g['prefill']} + {g['y']}D "
-                                                  f"{g['decode']}",
-                   "frontend": g.get("frontend", ""), "concurrency": int(run.conc),
-                   "spec_tokens": setting[0]}
-            for name, col in METRICS.items():
-                m, p = float(run[name]), float(hit[col])
-                row |= {f"{name}_measured": m, f"{name}_model": p, f"{name}_err": p / m - 1}
-            out.append(row)
+    for _, run in runs.sort_values("conc").iterrows():
+        tokens, al, method = spec[int(run.conc)]
+        setup = setup_for(arch, chip, WORKLOAD, ServingChoices(
+            spec_tokens=tokens, acceptance_length=al or None, spec_method=method))
+        predicted, reason = _served(setup, labelled_deployment(shape, setup, int(run.conc),
+                                                               policy))
+        row = {"id": int(run.id), "model": g["model"], "hardware": g["hardware"],
+               "framework": g["framework"], "mode": g["mode"], "gpus": int(run.gpus),
+               "deployment": g.get("plan") or f"{g['x']}P {g['prefill']} + {g['y']}D "
+                                              f"{g['decode']}",
+               "frontend": g.get("frontend", ""), "concurrency": int(run.conc),
+               "spec_tokens": tokens, "skip_reason": reason}
+        for name in METRICS:
+            m, p = float(run[name]), float(predicted.get(name) or np.nan)
+            row |= {f"{name}_measured": m, f"{name}_model": p, f"{name}_err": p / m - 1}
+        out.append(row)
     return out
+
+
+def _served(setup, deployment) -> tuple[dict[str, float], str]:
+    """(the full tier's TPGS, P90 interactivity and P90 TTFT, why there are none)."""
+    try:
+        r = evaluate_deployment(setup, deployment).result
+    except Exception as err:  # one run's failure must not sink the table; it is reported
+        return {}, f"{type(err).__name__}: {err}"
+    if not r.stable:
+        return {}, r.reason
+    return {"tpgs": r.tpgs, "p90_interactivity": r.interactivity_tok_s["p90"],
+            "p90_ttft": r.ttft_s["p90"]}, ""
 
 
 def predict(runs: pd.DataFrame | None = None, groups: list[dict] | None = None
@@ -156,7 +163,7 @@ def summary(table: pd.DataFrame, by: str = "model") -> pd.DataFrame:
         row = {by: key[0], "band": key[1], "runs": len(grp)}
         for m in METRICS:
             e = grp[f"{m}_err"].to_numpy()
-            row |= {m: float(np.median(e)), f"|{m}|": float(np.median(np.abs(e)))}
+            row |= {m: float(np.nanmedian(e)), f"|{m}|": float(np.nanmedian(np.abs(e)))}
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -171,12 +178,15 @@ def write_report(table: pd.DataFrame, unmapped: pd.DataFrame, path: Path = REPOR
              "Generated by `python -m model.validate.agentx --report`; do not edit. Measured: "
              f"`{RUNS.relative_to(ROOT)}`; deployments read from the InferenceX recipes: "
              f"`{DEPLOYMENTS.relative_to(ROOT)}` (sources in data/benchmarks/README.md). Model: "
-             "`plan` on each run's deployment, traffic agentx-v1; nothing fitted to these runs. "
+             "the full tier on each run's deployment (`servecast serve --deployment`), traffic "
+             "agentx-v1; nothing fitted to these runs. "
              "Error = model / measured - 1. P90 interactivity is 1 / P90 of per-request TPOT, as "
              "InferenceX reports it. `frontend`: python = vLLM's OpenAI server, rust = "
              "VLLM_USE_RUST_FRONTEND=1, dynamo = the Dynamo frontend.", "",
-             f"{len(table)} runs predicted; {len(unmapped)} runs of the file have no deployment "
-             "mapped (see the YAML's header for why).", "",
+             f"{int((table.skip_reason == '').sum())} runs predicted, "
+             f"{int((table.skip_reason != '').sum())} mapped without a prediction (below); "
+             f"{len(unmapped)} runs of the file have no deployment mapped (see the YAML's "
+             "header for why).", "",
              "Median error (median |error|) by model and load band:", "",
              "| model | sessions | runs | TPGS | P90 interactivity | P90 TTFT |",
              "|---|---|---:|---:|---:|---:|"]
@@ -194,6 +204,11 @@ def write_report(table: pd.DataFrame, unmapped: pd.DataFrame, path: Path = REPOR
             f"{_pct(r.tpgs_err)} | {r.p90_interactivity_measured:.1f} | "
             f"{r.p90_interactivity_model:.1f} | {_pct(r.p90_interactivity_err)} | "
             f"{r.p90_ttft_measured:.2f} | {r.p90_ttft_model:.2f} | {_pct(r.p90_ttft_err)} |")
+    skipped = table[table.skip_reason != ""]
+    if len(skipped):
+        lines += ["", "Runs without a prediction:", ""]
+        lines += [f"- {r.id} ({r.model}, {r.deployment}, {r.concurrency} sessions): "
+                  f"{r.skip_reason}" for r in skipped.itertuples()]
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text

@@ -22,7 +22,7 @@ from scipy.stats import t as student
 
 from model import ROOT
 from model.perf.parallel import ParallelPlan
-from model.plan.planner import step_model
+from model.plan.plan_models import step_model
 from model.serve.engine import AffineStepModel, serve
 from model.serve.policy import EnginePolicy
 from model.serve.simulate import simulate

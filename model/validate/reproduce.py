@@ -184,15 +184,13 @@ class Context:
 def plan_summary(arch: str, hardware: str, gpus: int, workload: str,
                  slo_p90_interactivity: float, precision: str | None = None,
                  concurrency: int | None = None) -> dict[str, float]:
-    """The plan search's best deployment and its peaks, as plain numbers (picklable);
+    """The plan's best deployment (the full tier's numbers) as plain numbers (picklable);
     `concurrency` fixes the client lanes (else searched)."""
     from model.plan.planner import plan
 
     result = plan(arch, hardware, gpus, workload, slo_p90_interactivity, precision=precision,
                   concurrency=None if concurrency is None else [int(concurrency)])
     contract = result.contract()
-    cands = result.candidates
-    ok = cands[cands["feasible"]] if "feasible" in cands else cands
     return {
         "tpgs": contract["tpgs"],
         "p90_interactivity_tok_s": contract["p90_interactivity_tok_s"],
@@ -202,10 +200,7 @@ def plan_summary(arch: str, hardware: str, gpus: int, workload: str,
         "api_equivalent_usd_per_hour": contract["api_equivalent_usd_per_hour"],
         "cost_advantage": contract["cost_advantage"],
         "usd_per_mtok": contract["usd_per_mtok"],
-        "deployment": contract["deployment"].get("label", ""),
-        "peak.tpgs": float(ok["tpgs"].max()),
-        "peak.p90_interactivity_tok_s": float(ok["p90_interactivity_tok_s"].max()),
-    }
+        "deployment": contract["deployment"].get("label", "")}
 
 
 def _number(value: Any, what: str) -> float:
@@ -244,16 +239,21 @@ def plan_metric(ctx: Context, arch: str, hardware: str, gpus: int, metric: str,
 @predictor
 def plan_peak(ctx: Context, arch: str, hardware: str, gpus: int, metric: str,
               precision: str | None = None) -> float:
-    """The largest `metric` over all feasible candidates of the plan search (no SLO)."""
-    return _number(ctx.plan_summary(arch, hardware, gpus, precision).get(f"peak.{metric}"),
-                   metric)
+    """The largest `metric` with no SLO: the full tier climbed from where the screening's best
+    deployments for it peak (model.plan.planner.full_tier_peak)."""
+    from model.plan.planner import full_tier_peak
+
+    point = ctx.memo(("peak", arch, hardware, int(gpus), precision, metric),
+                     lambda: full_tier_peak(arch, hardware, int(gpus), ctx.defaults["workload"],
+                                            metric, precision))
+    return _number(getattr(point, metric), metric)
 
 
 def _step_model(arch: str, hardware: str, plan: dict[str, Any], serving: bool = False):
     """The step model of `plan` with the family's recipe (weights, KV dtype; with `serving`
     also its speculative decoding, as `servecast plan` serves it)."""
     from model.perf.parallel import ParallelPlan, validate_plan
-    from model.plan.planner import step_model
+    from model.plan.plan_models import step_model
     from model.specs.architecture import load_architecture
     from model.specs.hardware import load_hardware
 
@@ -412,7 +412,7 @@ def reproduce(paper: str = "vllm-agentx", only: list[str] | None = None,
     started = time.perf_counter()
     plan_keys = [(c.args["arch"], c.args["hardware"], int(c.args["gpus"]),
                   c.args.get("precision"), c.args.get("concurrency")) for c in claims
-                 if c.predictor in ("plan_metric", "plan_peak")]
+                 if c.predictor == "plan_metric"]
     ctx.prefetch_plans(plan_keys, workers)
     rows = [evaluate(c, ctx) for c in claims]
     predicted = [r for r in rows if r["predicted"] is not None]

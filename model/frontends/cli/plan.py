@@ -1,11 +1,17 @@
-"""`servecast plan`: the best deployment under a P90 interactivity SLO, its cost and launch lines."""
+"""`servecast plan`: the best deployment under a P90 interactivity SLO, its cost and launch lines
+(every number from the full tier; the screening tier's for the chosen deployment under
+`screening`). `--deployment LABEL` restricts the plan to one deployment."""
 
 from __future__ import annotations
 
 import typer
 
 from model.frontends.cli.output import emit
-from model.plan.planner import DEFAULT_API_MODEL, DEFAULT_SCENARIO, MODES
+from model.plan.deployment import MODES
+from model.plan.planner import DEFAULT_API_MODEL, DEFAULT_SCENARIO
+from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
+
+PARETO_POINTS = 8  # full-tier points added along the screening's front with --pareto
 
 
 def register(app: typer.Typer) -> None:
@@ -15,7 +21,9 @@ def register(app: typer.Typer) -> None:
                                  "HF id or config.json path."),
         hardware: str = typer.Option(DEFAULT_SCENARIO["hardware"], "--hardware",
                                      help="Chip / system name or alias."),
-        gpus: int = typer.Option(DEFAULT_SCENARIO["gpus"], "--gpus", help="GPU budget."),
+        gpus: int | None = typer.Option(
+            None, "--gpus", help=f"GPU budget (default {DEFAULT_SCENARIO['gpus']}; with "
+            "--deployment, the deployment's own)."),
         workload: str = typer.Option(DEFAULT_SCENARIO["workload"], "--workload",
                                      help="Workload profile name or YAML path."),
         slo_p90_interactivity: float = typer.Option(
@@ -26,9 +34,19 @@ def register(app: typer.Typer) -> None:
         long_prefill_token_threshold: int | None = typer.Option(
             None, "--long-prefill-token-threshold",
             help="Fix vLLM's per-request prefill cap (0 = off); searched when omitted."),
+        prefill_schedule_interval: int | None = typer.Option(
+            None, "--prefill-schedule-interval",
+            help="Fix vLLM's prefill cadence (1 = every step); searched when omitted."),
+        max_num_batched_tokens: int = typer.Option(
+            MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens",
+            help="Token budget per engine step and DP rank."),
         concurrency: str | None = typer.Option(
             None, "--concurrency", help="Fix the client sessions (closed-loop lanes), one number "
             "or a comma list such as 128,256; searched when omitted."),
+        deployment: str | None = typer.Option(
+            None, "--deployment", help="Restrict the plan to this deployment: a replica plan "
+            "(dp8-ep8, tp4; replicas from --gpus), Rx[plan] (2x[tp4]) or xP[plan]yD[plan] "
+            "(1P[dp4-ep4]1D[dp8-ep8]); reports what `servecast serve --deployment` does."),
         mode: str | None = typer.Option(None, "--mode", help="aggregated | disaggregated "
                                         "(both when omitted)."),
         prefill_hardware: str | None = typer.Option(None, "--prefill-hardware",
@@ -48,9 +66,8 @@ def register(app: typer.Typer) -> None:
                                       help="API whose prices give the API-equivalent cost."),
         cost_basis: str = typer.Option("owned", "--cost-basis",
                                        help="owned | rental_low | rental_high | owned_model"),
-        pareto: bool = typer.Option(False, "--pareto", help="Include the Pareto front rows."),
-        verify: bool = typer.Option(True, "--verify/--no-verify", help="Re-evaluate the best "
-                                    "aggregated candidate with the serving model."),
+        pareto: bool = typer.Option(False, "--pareto", help="Include the full tier's Pareto "
+                                    f"front ({PARETO_POINTS} more points along the screening's)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """Search parallelism, P/D ratio and concurrency; print the best deployment and its cost."""
@@ -59,6 +76,8 @@ def register(app: typer.Typer) -> None:
 
         if mode is not None and mode not in MODES:
             raise ServecastError(f"--mode {mode!r}: allowed {', '.join(MODES)}")
+        if gpus is None and deployment is None:
+            gpus = DEFAULT_SCENARIO["gpus"]
         result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
                       slo_p90_interactivity=slo_p90_interactivity,
                       long_prefill_token_threshold=long_prefill_token_threshold,
@@ -66,8 +85,10 @@ def register(app: typer.Typer) -> None:
                       precision=precision, kv_dtype=kv_dtype, api_model=api_model,
                       cost_basis=cost_basis, cache_policy=cache_policy,
                       cache_tiers=tuple(t.strip() for t in cache_tiers.split(",") if t.strip()),
-                      concurrency=_concurrencies(concurrency), verify=verify,
-                      slo_p90_ttft_s=slo_p90_ttft)
+                      concurrency=_concurrencies(concurrency), slo_p90_ttft_s=slo_p90_ttft,
+                      deployment=deployment, prefill_schedule_interval=prefill_schedule_interval,
+                      max_num_batched_tokens=max_num_batched_tokens,
+                      pareto_points=PARETO_POINTS if pareto else 0)
         out = result.contract()
         if pareto:
             out["pareto"] = result.pareto.to_dict(orient="records")

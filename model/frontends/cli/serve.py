@@ -119,13 +119,24 @@ def register(app: typer.Typer) -> None:
         spec_tokens: int = typer.Option(0, "--spec-tokens", help="MTP draft tokens per step"),
         spec_acceptance: float = typer.Option(0.0, "--spec-acceptance",
                                               help="per-position draft acceptance rate"),
+        deployment: str = typer.Option(
+            None, "--deployment", help="serve a whole deployment as `plan` does (the family's "
+            "recipe fills precision, KV dtype and speculative decoding left unset): a replica "
+            "plan (dp8-ep8, tp4; replicas from --gpus), Rx[plan] (2x[tp4]) or xP[plan]yD[plan] "
+            "(1P[dp4-ep4]1D[dp8-ep8]); load, cache and engine flags as for one replica"),
+        gpus: int = typer.Option(None, "--gpus", help="with --deployment: GPUs of the whole "
+                                 "deployment (replicas of a bare plan follow it)"),
+        prefill_hardware: str = typer.Option(None, "--prefill-hardware", help="with "
+                                             "--deployment: the prefill workers' chip"),
+        recipe: bool = typer.Option(True, "--recipe/--no-recipe", help="with --deployment: "
+                                    "fill unset serving settings from the family's recipe"),
         simulate_s: float = typer.Option(0.0, "--simulate-s", help="also run the discrete-event "
                                          "oracle for this many simulated seconds"),
         seed: int = typer.Option(0, "--seed"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ):
-        """Closed-form serving of one replica: TTFT/TPOT percentiles, interactivity, TPGS."""
-        from model.serve.engine import serve
+        """Closed-form serving (the full tier) of one replica or, with --deployment, of a whole
+        deployment: TTFT/TPOT percentiles, interactivity, TPGS."""
         from model.serve.policy import EnginePolicy
         from model.specs.workload import load_workload
 
@@ -133,23 +144,70 @@ def register(app: typer.Typer) -> None:
         policy = EnginePolicy(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
                               prefill_schedule_interval)
         load = _load(concurrency, rate, interarrival_cv, gap_cap_s, w)
-        step = _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision, kv_dtype,
-                           spec_tokens, spec_acceptance)
         tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
-        r = serve(step, w, policy, load, hit_rate=hit_rate,
-                  slo_p90_interactivity=slo_p90_interactivity, seed=seed,
-                  cache=False if infinite_cache else None, cache_policy=cache_policy,
-                  cache_tiers=tiers, prefetch_reload=prefetch_reload)
-        out = {"arch": arch, "hardware": hardware, "workload": w.name, "gpus": step.gpus,
-               "plan": step.plan.label(), **r.as_dict(),
-               "p90_interactivity_tok_s": r.interactivity_tok_s["p90"],
-               "p90_ttft_s": r.ttft_s["p90"]}
-        if simulate_s > 0:
-            from model.serve.simulate import simulate
-
-            sim = simulate(step, w, policy, load, duration_s=simulate_s, seed=seed,
-                           hit_rate=hit_rate if hit_rate is not None
-                           else (r.hit_rate if r.cache else None),
-                           dp_ranks=step.plan.dp)
-            out["simulated"] = sim.summary()
+        cache = {"hit_rate": hit_rate, "infinite": infinite_cache, "policy": cache_policy,
+                 "tiers": tiers, "prefetch": prefetch_reload}
+        if deployment is not None:
+            out = _serve_deployment(arch, hardware, w, deployment, gpus, prefill_hardware, policy,
+                                    load, cache, (precision, kv_dtype, spec_tokens,
+                                                  spec_acceptance, recipe), seed)
+        else:
+            step = _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision,
+                               kv_dtype, spec_tokens, spec_acceptance)
+            out = _serve_replica(arch, hardware, w, step, policy, load, cache,
+                                 slo_p90_interactivity, simulate_s, seed)
         emit(out, as_json)
+
+
+def _serve_replica(arch, hardware, w, step, policy, load, cache: dict, slo_p90_interactivity,
+                   simulate_s: float, seed: int) -> dict:
+    """One replica through serve() (and the simulator with `simulate_s`)."""
+    from model.serve.engine import serve
+
+    r = serve(step, w, policy, load, hit_rate=cache["hit_rate"],
+              slo_p90_interactivity=slo_p90_interactivity, seed=seed,
+              cache=False if cache["infinite"] else None, cache_policy=cache["policy"],
+              cache_tiers=cache["tiers"], prefetch_reload=cache["prefetch"])
+    out = {"arch": arch, "hardware": hardware, "workload": w.name, "gpus": step.gpus,
+           "plan": step.plan.label(), **r.as_dict(),
+           "p90_interactivity_tok_s": r.interactivity_tok_s["p90"],
+           "p90_ttft_s": r.ttft_s["p90"]}
+    if simulate_s > 0:
+        from model.serve.simulate import simulate
+
+        sim = simulate(step, w, policy, load, duration_s=simulate_s, seed=seed,
+                       hit_rate=cache["hit_rate"] if cache["hit_rate"] is not None
+                       else (r.hit_rate if r.cache else None),
+                       dp_ranks=step.plan.dp)
+        out["simulated"] = sim.summary()
+    return out
+
+
+def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, policy, load,
+                      cache: dict, serving: tuple, seed: int) -> dict:
+    """A whole deployment through the full tier, as `plan --deployment` evaluates it
+    (model.plan.full_tier.evaluate_deployment)."""
+    from model.plan.deployment import parse_deployment_label
+    from model.plan.full_tier import evaluate_deployment, labelled_deployment
+    from model.plan.inputs import ServingChoices, setup_for
+    from model.specs.workload import ClosedLoop
+
+    precision, kv_dtype, spec_tokens, spec_acceptance, recipe = serving
+    shape, _ = parse_deployment_label(label).resolve(gpus)
+    spec = {}
+    if spec_tokens:  # a per-position acceptance rate a gives 1 + a + ... + a^k tokens a step
+        spec = {"spec_tokens": spec_tokens, "spec_method": "mtp",
+                "acceptance_length": 1.0 + sum(spec_acceptance**i
+                                               for i in range(1, spec_tokens + 1))}
+    choices = ServingChoices(precision, kv_dtype, recipe=recipe, cache_policy=cache["policy"],
+                             cache_tiers=cache["tiers"], finite_cache=not cache["infinite"],
+                             hit_rate=cache["hit_rate"], prefetch_reload=cache["prefetch"],
+                             **spec)
+    setup = setup_for(arch, hardware, w, choices, prefill_hardware, seed)
+    concurrency = load.concurrency if isinstance(load, ClosedLoop) else 0
+    dep = labelled_deployment(shape, setup, concurrency, policy)
+    served = evaluate_deployment(setup, dep, load)
+    r = served.result
+    return {"arch": arch, "hardware": hardware, "workload": w.name, "gpus": dep.gpus,
+            "plan": dep.shape_label(), "deployment": dep.as_dict(), **served.as_dict(),
+            "p90_interactivity_tok_s": r.interactivity_tok_s["p90"], "p90_ttft_s": r.ttft_s["p90"]}

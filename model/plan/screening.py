@@ -1,5 +1,6 @@
-"""Deployment search: evaluate thousands of candidate deployments in closed form, vectorized, and
-keep the Pareto front of throughput (TPGS) vs P90 interactivity.
+"""The screening tier: thousands of candidate deployments in closed form, vectorized, to rank them
+and keep the Pareto front of throughput (TPGS) vs P90 interactivity. The numbers `plan` reports
+come from the full tier (model.plan.full_tier); this tier only shortlists.
 
 Each candidate is a parallel plan per phase, an instance count (aggregated replicas, or x prefill
 + y decode workers), engine knobs and a client concurrency (closed-loop AgentX lanes). Per plan
@@ -23,186 +24,21 @@ Serving model of an aggregated replica (closed loop, research/theory.md §6, §1
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 from scipy.optimize.elementwise import find_root
 
 from model.perf.step_table import StepTable
-from model.plan.disagg import kv_transfer_time_s, prefill_saturation_rps
+from model.plan.disagg import prefill_saturation_rps
+from model.plan.traffic import Traffic
+from model.serve.handoff import kv_transfer_time_s
 from model.serve.queueing import pk_wait_s
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, SYSTEM_IDLE_CAP_S, TURN_GAP_CAP_S
-from model.specs.errors import ServecastError
-from model.specs.idle_cap import SystemIdleCap
+from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+from model.specs.errors import Infeasible, ServecastError
 
 Z90 = 1.2816  # standard normal 90th percentile
-QUANTILE_SAMPLE = 4096  # order statistics of the request mix kept for the FCFS P90
 ROOT_LOG_TOL = 1e-8  # decode batch's root in log b: 1e-8 relative (30 bisections reached 1.3e-8)
 POISSON_MAX = 16  # chunks per rank per step considered (tail mass folded into the last bin)
-
-
-# ---------------------------------------------------------------- traffic moments
-
-@dataclass(frozen=True)
-class Traffic:
-    """The request-level moments the closed form needs, from a workload's request mix."""
-
-    name: str
-    context_mean: float  # input tokens per request (cached + new), request-weighted mean
-    uncached_mean: float
-    uncached_p90: float
-    output_mean: float
-    output_p10: float
-    gap_mean_s: float  # think/tool gap before a turn, capped as the replay caps it
-    hit_rate: float  # token-weighted
-    uncached_sample: np.ndarray = field(repr=False, compare=False, default=None)
-    gap_sample: np.ndarray = field(repr=False, compare=False, default=None)  # capped gaps
-
-    @functools.cached_property
-    def _idle_cap(self) -> SystemIdleCap:
-        if self.gap_sample is None:  # moments only: the plain mean
-            return SystemIdleCap([self.gap_mean_s], None)
-        return SystemIdleCap(self.gap_sample, SYSTEM_IDLE_CAP_S)
-
-    def idle_gap(self, lanes):
-        """`active_s -> mean gap per turn` with `lanes` sessions in the system under the AgentX
-        system idle cap (model.specs.idle_cap); the plain mean without a gap sample."""
-        return self._idle_cap.at(lanes)
-
-    def chunks(self, cap) -> np.ndarray:
-        """Mean prefill steps per request, E[ceil(U / cap)], when a request takes at most `cap`
-        tokens per step (exact over the sample; few distinct caps occur in a search)."""
-        cap = np.asarray(cap, float)
-        values, inverse = np.unique(cap, return_inverse=True)
-        means = np.array([np.ceil(self.uncached_sample / v).mean() for v in values])
-        return means[inverse].reshape(cap.shape)
-
-    def chunks_squared(self, cap) -> np.ndarray:
-        """E[ceil(U / cap)^2]: the second moment of a request's prefill steps."""
-        cap = np.asarray(cap, float)
-        values, inverse = np.unique(cap, return_inverse=True)
-        means = np.array([(np.ceil(self.uncached_sample / v) ** 2).mean() for v in values])
-        return means[inverse].reshape(cap.shape)
-
-    def fcfs_p90_chunks(self, cap, utilization, extra=0.0, iterations: int = 20) -> np.ndarray:
-        """P90 of a prompt's prefill steps including its FCFS wait, in steps: with probability
-        1 - rho the server is free and it takes its own C = ceil(U / cap) + extra steps; with
-        probability rho it first waits out the residual R of the prompt in service (length-
-        biased: P(R > r) = E[(C - r)+] / E[C]) and then takes its mean E[C]. Cold prefills are
-        rare but long, so this P90 sits far below the Pollaczek-Khinchine mean wait added to the
-        P90 own time. Solves (1 - rho) P(C > t) + rho P(R > t - E[C]) = 0.1 by bisection
-        between quantile bounds of the two terms (`_fcfs_p90`)."""
-        cap, rho, extra = np.broadcast_arrays(*(np.asarray(a, float)
-                                                for a in (cap, utilization, extra)))
-        out = np.zeros(cap.shape)
-        for v in np.unique(cap):
-            sel = cap == v
-            out[sel] = _fcfs_p90(self._chunk_mix(float(v)), rho[sel], extra[sel], iterations)
-        return out
-
-    @functools.cached_property
-    def _chunk_mixes(self) -> dict:
-        return {}
-
-    def _chunk_mix(self, cap: float) -> _ChunkMix:
-        """The sample's chunk counts at `cap` tokens per step, kept per cap (a search asks for
-        the same few caps in every pass)."""
-        if cap not in self._chunk_mixes:
-            c = np.sort(np.ceil(self.uncached_sample / cap))
-            if len(c) > QUANTILE_SAMPLE:  # equally spaced order statistics: ample for a P90
-                c = c[np.linspace(0, len(c) - 1, QUANTILE_SAMPLE).astype(int)]
-            self._chunk_mixes[cap] = _ChunkMix(c)
-        return self._chunk_mixes[cap]
-
-    def chunk_size(self, cap) -> np.ndarray:
-        """Mean tokens in one prefill chunk under a per-step cap."""
-        return self.uncached_mean / self.chunks(cap)
-
-
-class _ChunkMix:
-    """A sorted sample of prompt chunk counts C: its quantiles and its residual excess
-    g(a) = E[(C - a)+], piecewise linear between the sample's values (exact by interp)."""
-
-    def __init__(self, c: np.ndarray):
-        self.c, self.mean = c, float(c.mean())
-        self.grid = np.concatenate([[0.0], np.unique(c)])
-        idx = np.searchsorted(c, self.grid, side="right")
-        suffix = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])
-        self.excess = (suffix[idx] - self.grid * (len(c) - idx)) / len(c)
-
-    def above(self, a):
-        """P(C > a)."""
-        return 1.0 - np.searchsorted(self.c, a, side="right") / len(self.c)
-
-    def quantile_above(self, p):
-        """Smallest a with P(C > a) <= p."""
-        k = np.ceil((1.0 - np.clip(p, 0.0, 1.0)) * len(self.c)).astype(int) - 1
-        return np.where(k >= 0, self.c[np.maximum(k, 0)], 0.0)
-
-    def excess_at(self, b):
-        """g(b); E[C] - b below 0."""
-        return np.where(b < 0.0, self.mean - b, np.interp(b, self.grid, self.excess, right=0.0))
-
-    def excess_inverse(self, target):
-        """Smallest b with g(b) <= target (g decreasing)."""
-        return np.where(target >= self.mean, self.mean - target,
-                        np.interp(target, self.excess[::-1], self.grid[::-1]))
-
-
-def _fcfs_p90(mix: _ChunkMix, r, e, iterations: int) -> np.ndarray:
-    """Solves (1 - r) P(C + e > t) + r P(R > t - E[C]) = 0.1 for t (see
-    Traffic.fcfs_p90_chunks); R's tail is the residual excess over E[C] + e."""
-    mean = mix.mean
-
-    def tail(t):
-        res = np.minimum(mix.excess_at(t - (mean + e) - e) / (mean + e), 1.0)
-        return (1.0 - r) * mix.above(t - e) + r * res
-
-    def own_at(p):  # smallest t with P(C + e > t) <= p
-        return mix.quantile_above(p) + e
-
-    def res_at(p):  # smallest t with P(R > t - E[C]) <= p
-        return mix.excess_inverse(np.clip(p, 0.0, 1.0) * (mean + e)) + mean + 2.0 * e
-
-    # the P90 lies above each term's quantile at the level that term alone would need
-    # (0.1 / its weight), and below both terms' P90s and the quantile of the heavier term
-    # that leaves the lighter one all of its weight
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lo = np.maximum(own_at(0.1 / (1.0 - r)), res_at(0.1 / r))
-        hi = np.minimum.reduce([np.maximum(own_at(0.1), res_at(0.1)),
-                                np.where(r < 0.1, own_at((0.1 - r) / (1.0 - r)), np.inf),
-                                np.where(r > 0.9, res_at((r - 0.9) / r), np.inf)])
-    lo = np.maximum(np.minimum(lo, hi) * (1.0 - 1e-9) - 1e-9, 0.0)
-    hi = hi * (1.0 + 1e-9) + 1e-9
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        over = tail(mid) > 0.1
-        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
-    return hi
-
-
-def traffic_from_mix(name: str, context, uncached, output, gap,
-                     gap_cap_s: float = TURN_GAP_CAP_S) -> Traffic:
-    context, uncached, output, gap = (np.asarray(a, float) for a in (context, uncached, output, gap))
-    return Traffic(name=name, context_mean=float(context.mean()),
-                   uncached_mean=float(uncached.mean()),
-                   uncached_p90=float(np.percentile(uncached, 90)),
-                   output_mean=float(output.mean()), output_p10=float(np.percentile(output, 10)),
-                   gap_mean_s=float(np.minimum(gap, gap_cap_s).mean()),
-                   hit_rate=float(1.0 - uncached.sum() / context.sum()),
-                   uncached_sample=uncached, gap_sample=np.minimum(gap, gap_cap_s))
-
-
-def traffic_from_workload(workload, n: int = 200_000, seed: int = 0, hit_rate: float | None = None,
-                          gap_cap_s: float = TURN_GAP_CAP_S) -> Traffic:
-    """Moments of `workload.request_mix(n, seed, hit_rate)` (model.specs.workload). 200K requests:
-    sessions are heavy-tailed (a few long ones carry many long requests), and 20K (~300
-    sessions) left the mean context of a synthetic profile up to 12% off its population mean."""
-    mix = workload.request_mix(n, seed, hit_rate)
-    return traffic_from_mix(workload.name, mix.context_tokens, mix.uncached_tokens,
-                            mix.output_tokens, mix.gap_s, gap_cap_s)
 
 
 def _poisson_pmf(lam, nmax: int = POISSON_MAX) -> np.ndarray:
@@ -225,26 +61,23 @@ def _max_of_ranks(pmf: np.ndarray, ranks) -> np.ndarray:
 
 # ---------------------------------------------------------------- aggregated replicas
 
-def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replicas,
-                        concurrency, threshold, interval, kv_capacity_tokens, tokens_per_step=1.0,
-                        reload_s_per_token=0.0, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                        max_num_seqs: int = 256, iterations: int = 13,
-                        mixture_iterations: int = 7, miss_tokens=0.0,
-                        lower_tier_tokens=None) -> dict:
-    """Closed-form steady state of aggregated candidates, all given as broadcastable arrays:
-    `which` plan in the (stacked) table, its `dp` / `pp`, `replicas`, client `concurrency` (lanes,
-    whole deployment), `threshold` (0 = off), `interval` (prefill_schedule_interval), the
-    replica's `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`.
-    Finite cache (model.plan.search_cache): `miss_tokens` per request beyond the infinite-cache misses
-    are recomputed (they join the prefill), `lower_tier_tokens` per request are reloaded from a
-    lower tier; when `lower_tier_tokens` is None, sessions whose KV does not fit the HBM pool
-    reload it all (the older residency estimate).
-
-    Returns arrays: tpgs (per GPU, replica GPUs = dp*pp*tp*pcp given via `gpus` by the caller),
-    p90_interactivity_tok_s, p90_ttft_s, mean_ttft_s, decode_batch, step_time_s, rate_rps
-    (per replica), limit (what binds) and feasible."""
+def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replicas,
+                      concurrency, threshold_tokens, interval_steps, kv_capacity_tokens,
+                      tokens_per_step=1.0, reload_s_per_token=0.0,
+                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+                      max_num_seqs: int = MAX_NUM_SEQS, iterations: int = 13,
+                      mixture_iterations: int = 7, miss_tokens=0.0,
+                      lower_tier_tokens=None) -> dict:
+    """Closed-form steady state of aggregated candidates, all broadcastable arrays: `which`
+    plan in the (stacked) table, its `dp` / `pp`, `replicas`, client `concurrency` (whole
+    deployment), `threshold_tokens` (0 = off), `interval_steps` (prefill_schedule_interval),
+    the replica's `kv_capacity_tokens`, decode `tokens_per_step` and `reload_s_per_token`.
+    Finite cache (model.plan.search_cache): `miss_tokens` per request are recomputed,
+    `lower_tier_tokens` reloaded (None: sessions whose KV does not fit the pool reload it all).
+    Returns arrays: rate_rps (per replica), tokens_per_s (deployment), p90_interactivity_tok_s,
+    p90_ttft_s, mean_ttft_s, decode_batch, step_time_s, limit (what binds) and feasible."""
     arrays = np.broadcast_arrays(*(np.asarray(a, float) for a in (
-        which, dp, pp, replicas, concurrency, threshold, interval, kv_capacity_tokens,
+        which, dp, pp, replicas, concurrency, threshold_tokens, interval_steps, kv_capacity_tokens,
         tokens_per_step, reload_s_per_token, miss_tokens)))
     which, dp, pp, replicas, conc, thr, interval, kv_cap, tps, reload_tok, miss = arrays
     which = which.astype(int)
@@ -253,9 +86,9 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
     cap = np.where(thr > 0, np.minimum(thr, budget), budget)
     # evicted prefixes are recomputed: they lengthen the request's prefill (more chunks)
     chunks_mean = traffic.chunks(cap) + miss / cap
-    u_p90 = traffic.uncached_p90 + miss
-    chunks_p90 = np.ceil(u_p90 / cap)
-    u, o, s = traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean
+    u_p90 = traffic.p90_uncached_tokens + miss
+    u, o, s = (traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens,
+               traffic.mean_context_tokens)
     k_eff = u / chunks_mean
     o_step = o / tps  # decode steps per turn
     b_kv = kv_cap / max(s, 1.0)  # decoding sequences whose KV fits
@@ -264,7 +97,6 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
         reload = (1.0 - resident) * s * reload_tok  # offloaded sessions fetch their KV back
     else:
         reload = np.asarray(lower_tier_tokens, float) * reload_tok
-    n = np.arange(POISSON_MAX + 1)
 
     t = table.decode(np.maximum(c_r / 4, 1.0), which)
     t_chunk = t_quiet = t
@@ -291,40 +123,61 @@ def evaluate_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, repli
             continue
         t_quiet = table.decode(b_mb, which)
         lam = r * u * t * interval / (pp * dp * k_eff)  # chunks per rank per admitting step
-        # the step waits for the busiest of the dp lock-stepped ranks, and with pp stages for
-        # the slowest of the pp microbatches in flight: a sequence's next token needs its own
-        # microbatch's full pass, so the pipeline's period is the longest pass (a flow shop
-        # with proportional stage times), and a prefill chunk in one microbatch stalls them all
-        pmf = _max_of_ranks(_poisson_pmf(lam), dp * pp)
-        x = np.minimum(n * k_eff[..., None], np.maximum(budget - b_mb[..., None] / dp[..., None],
-                                                        0.0))
-        # the busiest rank holds x; the others their mean (the total the experts see)
-        total = x + (lam * k_eff * (dp - 1.0))[..., None]
-        t_steps = table.busiest(x, np.maximum(total, x), b_mb[..., None], dp[..., None],
-                                which[..., None])
-        mean_adm = (pmf * t_steps).sum(-1)
-        second = (pmf * t_steps**2).sum(-1)
-        t_new = mean_adm / interval + t_quiet * (1 - 1 / interval)
+        t_new, second = _cadence_steps(table, which, lam, k_eff, b_mb, dp, pp, budget,
+                                       interval, t_quiet)
         t, t_prev, g_prev = _secant_step(t, t_new, t_prev, g_prev), t, t_new
-    var = np.maximum(second / interval + t_quiet**2 * (1 - 1 / interval) - t_new**2, 0.0)
-    tpot_p90 = t + Z90 * np.sqrt(var / np.maximum(traffic.output_p10 / tps, 1.0)) \
+    var = np.maximum(second - t_new**2, 0.0)
+    tpot_p90 = t + Z90 * np.sqrt(var / np.maximum(traffic.p10_output_tokens / tps, 1.0)) \
         + _tagged_shift(table, b_mb, c_r / pp, which, t_quiet)
     limit = np.where(r >= r_lanes * (1 - 1e-6), "lanes",
                      np.where(r_kv <= r_budget, "kv_capacity", "prefill_budget"))
     queue = np.maximum(c_r / r - (ttft0 + o_step * t + z), 0.0)
-    c90 = np.minimum(cap, u_p90)
-    t_chunk_p90 = np.maximum(table.busiest(c90, c90 + p_step * (1 - 1 / dp), b_mb, dp, which),
-                             t)
-    wait, fcfs_p90 = _fcfs_prefill(traffic, cap, miss, thr, r / dp, t_chunk, t_chunk_p90,
-                                   t_quiet, pp, interval)
-    ttft_p90 = np.where(np.asarray(thr) <= 0, fcfs_p90,
-                        _ttft(chunks_p90, t_chunk_p90, t_quiet, pp, interval)) + reload + queue
+    wait, own_p90 = _p90_prefill(table, traffic, which, cap, miss, thr, u_p90, r, dp, pp, b_mb,
+                                 p_step, t, t_chunk, t_quiet, interval)
+    ttft_p90 = own_p90 + reload + queue
     b_total = r * o_step * t
     feasible = (b_total / dp <= max_num_seqs * (1 + 1e-9)) & (b_kv >= 1.0)
     return {"rate_rps": r, "tokens_per_s": r * replicas * (s + o),
             "p90_interactivity_tok_s": tps / tpot_p90, "p90_ttft_s": ttft_p90,
             "mean_ttft_s": ttft0 + queue + wait, "decode_batch": b_total, "step_time_s": t,
             "limit": limit, "feasible": feasible}
+
+
+def _p90_prefill(table: StepTable, traffic: Traffic, which, cap, miss, thr, u_p90, r, dp, pp,
+                 b_mb, p_step, t, t_chunk, t_quiet, interval):
+    """(mean FCFS wait, P90 TTFT before reload and queue): with the threshold off the FCFS
+    mixture of `_fcfs_prefill`, with one the P90 prompt's own chunks, each in a step of its
+    rank's busiest share."""
+    c90 = np.minimum(cap, u_p90)
+    t_chunk_p90 = np.maximum(table.busiest(c90, c90 + p_step * (1 - 1 / dp), b_mb, dp, which),
+                             t)
+    wait, fcfs_p90 = _fcfs_prefill(traffic, cap, miss, thr, r / dp, t_chunk, t_chunk_p90,
+                                   t_quiet, pp, interval)
+    return wait, np.where(np.asarray(thr) <= 0, fcfs_p90,
+                          _ttft(np.ceil(u_p90 / cap), t_chunk_p90, t_quiet, pp, interval))
+
+
+def _cadence_steps(table: StepTable, which, lam, k_eff, b_mb, dp, pp, budget: float, interval,
+                   t_quiet):
+    """(mean step, mean squared step) over a cadence of `interval` steps of which one admits
+    prefill: `lam` chunks of `k_eff` tokens per rank arrive Poisson per admitting step, and the
+    step waits for the busiest of the dp lock-stepped ranks, and with pp stages for the slowest
+    of the pp microbatches in flight: a sequence's next token needs its own microbatch's full
+    pass, so the pipeline's period is the longest pass (a flow shop with proportional stage
+    times), and a prefill chunk in one microbatch stalls them all; the other steps decode
+    (`t_quiet`)."""
+    n = np.arange(POISSON_MAX + 1)
+    pmf = _max_of_ranks(_poisson_pmf(lam), dp * pp)
+    x = np.minimum(n * k_eff[..., None], np.maximum(budget - b_mb[..., None] / dp[..., None],
+                                                    0.0))
+    # the busiest rank holds x; the others their mean (the total the experts see)
+    total = x + (lam * k_eff * (dp - 1.0))[..., None]
+    t_steps = table.busiest(x, np.maximum(total, x), b_mb[..., None], dp[..., None],
+                            which[..., None])
+    mean_adm = (pmf * t_steps).sum(-1)
+    second = (pmf * t_steps**2).sum(-1)
+    return (mean_adm / interval + t_quiet * (1 - 1 / interval),
+            second / interval + t_quiet**2 * (1 - 1 / interval))
 
 
 def _fcfs_prefill(traffic: Traffic, cap, miss, thr, rate_per_rank, t_chunk, t_chunk_p90,
@@ -374,8 +227,8 @@ def _ttft(chunks, t_chunk, t_quiet, pp, interval):
 
 # ---------------------------------------------------------------- disaggregated
 
-def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_table: StepTable,
-                           which, decode_gpus, decode_batch_cap, x, y, concurrency,
+def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_table: StepTable,
+                           which, decode_gpus, decode_seqs_cap, x, y, concurrency,
                            traffic: Traffic, chunk_tokens, kv_bytes_per_token: float,
                            link_bytes_per_s: float, tokens_per_step=1.0, miss_tokens=0.0,
                            lower_tier_s=0.0) -> dict:
@@ -388,23 +241,24 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     per decode instance (`decode_table.decode(b, which)` gives T_D, no prefill interference) the
     system serves r(b) = y b q / (O T_D(b)) requests/s and holds N(b) = r(b) * cycle(b) lanes
     (Little's law); N rises with b, so a bracketed root finder on log b (`_decode_batch_root`)
-    finds the b that carries the given lanes. b stops at `decode_batch_cap` (KV pool,
+    finds the b that carries the given lanes. b stops at `decode_seqs_cap` (KV pool,
     max_num_seqs): lanes beyond it wait for a decode slot, and a prefill pool near saturation
     absorbs them in its M/D/1 wait.
     Finite cache: `miss_tokens` per request are recomputed (prefill work), `lower_tier_s` per
     request reloads lower-tier hits before the prefill."""
     args = np.broadcast_arrays(*(np.asarray(a, float) for a in (
-        prefill_step_s, prefill_gpus, prefill_senders, which, decode_gpus, decode_batch_cap, x, y,
+        prefill_step_s, prefill_gpus, prefill_senders, which, decode_gpus, decode_seqs_cap, x, y,
         concurrency, chunk_tokens, tokens_per_step, miss_tokens, lower_tier_s)))
     t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = (
         np.atleast_1d(a) for a in args)  # candidates are indexed (the root finder's subsets)
     which = which.astype(int)
-    u, o, s = traffic.uncached_mean + miss, traffic.output_mean, traffic.context_mean
+    u, o, s = (traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens,
+               traffic.mean_context_tokens)
     thr_p = chunk / t_p  # prefill tokens/s per instance
     lam_p = prefill_saturation_rps(t_p, chunk, u)
     service = u / thr_p
     # service U / thr_p varies with the prompt: second moment over the request mix (cap 1 token)
-    u_sq = traffic.chunks_squared(1.0) + 2.0 * traffic.uncached_mean * miss + miss**2
+    u_sq = traffic.chunks_squared(1.0) + 2.0 * traffic.mean_uncached_tokens * miss + miss**2
     hand_mean = kv_transfer_time_s(u, kv_bytes_per_token, link_bytes_per_s, senders)
     fixed = service + hand_mean + lower  # active time outside the queue and the decode
     idle_gap = traffic.idle_gap(conc)
@@ -428,7 +282,7 @@ def evaluate_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode
     active = fixed + wait + o / tps * step
     queue = np.where(at_cap, np.maximum(conc / np.maximum(rate, 1e-300) - active
                                         - idle_gap(active), 0.0), 0.0)
-    hand_p90 = kv_transfer_time_s(traffic.uncached_p90 + miss, kv_bytes_per_token,
+    hand_p90 = kv_transfer_time_s(traffic.p90_uncached_tokens + miss, kv_bytes_per_token,
                                   link_bytes_per_s, senders)
     rho = rate / (x * lam_p)
     step_p90 = step + Z90 * _batch_step_sd(decode_table, which, b, conc / y, at_cap, traffic, tps) \
@@ -488,8 +342,8 @@ def _batch_step_sd(decode_table: StepTable, which, b, lanes, at_cap, traffic: Tr
     closed loop's finite lanes (binomial: x (1 - b / lanes)) and averaged over the window w of
     a P10-length output against the mean decode length L: b (1 - w / 3L) (rectangular shots,
     w <= L). None at the decode cap, where queued lanes keep the slots full."""
-    length = traffic.output_mean / tps
-    w = np.minimum(traffic.output_p10 / tps, length)
+    length = traffic.mean_output_tokens / tps
+    w = np.minimum(traffic.p10_output_tokens / tps, length)
     var = b * (1.0 - w / (3.0 * length)) * np.maximum(1.0 - b / np.maximum(lanes, 1e-9), 0.0)
     slope = np.maximum(decode_table.decode(b + 1.0, which) - decode_table.decode(
         np.maximum(b - 1.0, 0.0), which), 0.0) / (b + 1.0 - np.maximum(b - 1.0, 0.0))
@@ -522,8 +376,6 @@ def best_under_slo(df: pd.DataFrame, slo_p90_interactivity: float,
                    slo_p90_ttft_s: float | None = None) -> pd.Series:
     ok = np.flatnonzero(meets_slo(df, slo_p90_interactivity, slo_p90_ttft_s).to_numpy())
     if not len(ok):
-        from model.specs.errors import Infeasible
-
         best = df["p90_interactivity_tok_s"].max() if len(df) else float("nan")
         if slo_p90_ttft_s is not None and len(df) and (
                 df["feasible"] & (df["p90_interactivity_tok_s"] >= slo_p90_interactivity)).any():
