@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -24,6 +25,7 @@ import yaml
 
 from model import ROOT
 from model.specs.errors import ServecastError, SpecError
+from model.specs.specio import write_atomic
 
 PAPERS = ROOT / "papers"
 COMPARISONS = ("approx", "at_least", "at_most")
@@ -168,17 +170,22 @@ class Context:
         todo = [k for k in dict.fromkeys(keys) if ("plan", *k) not in self._memo]
         if workers <= 1 or len(todo) <= 1:
             return
-        from model.frontends.batch import worker_context
-
         wl, slo = self.defaults["workload"], float(self.defaults["slo_p90_interactivity"])
         with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
-                                 mp_context=worker_context()) as pool:
+                                 mp_context=_fork_context()) as pool:
             futures = {k: pool.submit(plan_summary, *k[:3], wl, slo, *k[3:]) for k in todo}
             for k, fut in futures.items():
                 try:
                     self._memo[("plan", *k)] = (True, fut.result())
                 except Exception as err:
                     self._memo[("plan", *k)] = (False, err)
+
+
+def _fork_context():
+    """fork where the OS has it (the workers inherit the loaded data and never re-run the
+    caller's __main__), else spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
 def plan_summary(arch: str, hardware: str, gpus: int, workload: str,
@@ -478,7 +485,6 @@ def report_markdown(result: dict[str, Any]) -> str:
 
 
 def write_report(result: dict[str, Any], path: Path | None = None) -> Path:
-    from model.frontends.nbio import write_atomic
 
     path = path or PAPERS / result["paper"] / "report.md"
     return write_atomic(path, report_markdown(result))
