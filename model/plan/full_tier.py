@@ -89,13 +89,13 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
                           deployment.long_prefill_token_threshold,
                           deployment.prefill_schedule_interval)
     if deployment.mode == "aggregated":
-        replica = Workers(_step(setup, setup.hardware, deployment.replica, True),
+        replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True),
                           deployment.replica.instances)
         return serve_deployment(setup.workload, policy, load, replicas=replica,
                                 cache=setup.cache, seed=setup.seed)
-    prefill = Workers(_step(setup, setup.prefill_hardware, deployment.prefill, False),
+    prefill = Workers(worker_step_model(setup, setup.prefill_hardware, deployment.prefill, False),
                       deployment.prefill.instances)
-    decode = Workers(_step(setup, setup.hardware, deployment.decode, True),
+    decode = Workers(worker_step_model(setup, setup.hardware, deployment.decode, True),
                      deployment.decode.instances)
     link = min(float(setup.prefill_hardware.scale_out_bandwidth_bytes_per_s),
                float(setup.hardware.scale_out_bandwidth_bytes_per_s))
@@ -103,7 +103,7 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
                             link_bytes_per_s=link, cache=setup.cache, seed=setup.seed)
 
 
-def _step(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool):
+def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool):
     """The worker's step model as the screening built it (prefill-only workers draft nothing)."""
     spec = setup.spec if decodes else SPEC_OFF
     return build_step_model(setup.arch, hw, phase.plan, precision=setup.precision,
@@ -356,7 +356,7 @@ def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency
     def phase(hw, plan, count: int, decodes: bool) -> PhaseConfig:
         plan = normalize_plan(sized, plan)
         validate_plan(sized, hw, plan)
-        return PhaseConfig(hw.name, _step(setup, hw, PhaseConfig(hw.name, plan, count),
+        return PhaseConfig(hw.name, worker_step_model(setup, hw, PhaseConfig(hw.name, plan, count),
                                           decodes).plan, count)
 
     common = {"arch": setup.arch.name, "concurrency": int(concurrency),

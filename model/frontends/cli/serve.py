@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from model.frontends.cli.output import emit
+from model.perf.parallel import ParallelPlan
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
 from model.specs.errors import ServecastError
 
@@ -54,19 +55,6 @@ def _median(a):
     return np.median(a)
 
 
-def _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision, kv_dtype,
-                spec_tokens=0, spec_acceptance=0.0):
-    from model.perf.parallel import ParallelPlan
-    from model.perf.step import build_step_model
-    from model.specs.architecture import load_architecture
-    from model.specs.hardware import load_hardware
-
-    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1, pcp=pcp, dcp=dcp)
-    return build_step_model(load_architecture(arch), load_hardware(hardware), plan,
-                            precision=precision, kv_dtype=kv_dtype, spec_tokens=spec_tokens,
-                            spec_acceptance=spec_acceptance)
-
-
 def _load(concurrency, rate, cv, gap_cap_s, workload):
     from model.specs.workload import ClosedLoop, OpenLoop
 
@@ -109,7 +97,9 @@ def register(app: typer.Typer) -> None:
         max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens"),
         max_num_seqs: int = typer.Option(MAX_NUM_SEQS, "--max-num-seqs"),
         prefill_schedule_interval: int = typer.Option(1, "--prefill-schedule-interval"),
-        slo_p90_interactivity: float = typer.Option(None, "--slo-p90-interactivity"),
+        slo_p90_interactivity: float = typer.Option(
+            None, "--slo-p90-interactivity", help="also say whether P90 interactivity (tok/s "
+            "per user) reaches this"),
         precision: str = typer.Option(None, "--precision"),
         kv_dtype: str = typer.Option(None, "--kv-dtype"),
         tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"),
@@ -120,23 +110,25 @@ def register(app: typer.Typer) -> None:
         spec_acceptance: float = typer.Option(0.0, "--spec-acceptance",
                                               help="per-position draft acceptance rate"),
         deployment: str = typer.Option(
-            None, "--deployment", help="serve a whole deployment as `plan` does (the family's "
-            "recipe fills precision, KV dtype and speculative decoding left unset): a replica "
-            "plan (dp8-ep8, tp4; replicas from --gpus), Rx[plan] (2x[tp4]) or xP[plan]yD[plan] "
-            "(1P[dp4-ep4]1D[dp8-ep8]); load, cache and engine flags as for one replica"),
+            None, "--deployment", help="a whole deployment instead of one replica of the "
+            "--tp/--dp/... plan: a replica plan (dp8-ep8, tp4; replicas from --gpus), "
+            "Rx[plan] (2x[tp4]) or xP[plan]yD[plan] (1P[dp4-ep4]1D[dp8-ep8]); load, cache and "
+            "engine flags apply to it as a whole"),
         gpus: int = typer.Option(None, "--gpus", help="with --deployment: GPUs of the whole "
                                  "deployment (replicas of a bare plan follow it)"),
         prefill_hardware: str = typer.Option(None, "--prefill-hardware", help="with "
                                              "--deployment: the prefill workers' chip"),
-        recipe: bool = typer.Option(True, "--recipe/--no-recipe", help="with --deployment: "
-                                    "fill unset serving settings from the family's recipe"),
+        recipe: bool = typer.Option(True, "--recipe/--no-recipe", help="fill the precision, KV "
+                                    "dtype and speculative decoding left unset from the "
+                                    "family's recipe (data/deployments/), as plan does"),
         simulate_s: float = typer.Option(0.0, "--simulate-s", help="also run the discrete-event "
                                          "oracle for this many simulated seconds"),
         seed: int = typer.Option(0, "--seed"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ):
-        """Closed-form serving (the full tier) of one replica or, with --deployment, of a whole
-        deployment: TTFT/TPOT percentiles, interactivity, TPGS."""
+        """The full tier of one replica of the --tp/--dp/... plan or, with --deployment, of a whole
+        deployment (what `plan --deployment` reports): TTFT/TPOT percentiles, interactivity,
+        TPGS."""
         from model.serve.policy import EnginePolicy
         from model.specs.workload import load_workload
 
@@ -147,40 +139,37 @@ def register(app: typer.Typer) -> None:
         tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
         cache = {"hit_rate": hit_rate, "infinite": infinite_cache, "policy": cache_policy,
                  "tiers": tiers, "prefetch": prefetch_reload}
-        if deployment is not None:
-            out = _serve_deployment(arch, hardware, w, deployment, gpus, prefill_hardware, policy,
-                                    load, cache, (precision, kv_dtype, spec_tokens,
-                                                  spec_acceptance, recipe), seed)
-        else:
-            step = _step_model(arch, hardware, tp, pp, dp, ep, moe_tp, pcp, dcp, precision,
-                               kv_dtype, spec_tokens, spec_acceptance)
-            out = _serve_replica(arch, hardware, w, step, policy, load, cache,
-                                 slo_p90_interactivity, simulate_s, seed)
+        if deployment is None:  # one replica of the flags' plan
+            deployment = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1, pcp=pcp,
+                                      dcp=dcp).label()
+            deployment = f"1x[{deployment}]"
+        out, setup, dep = _serve_deployment(
+            arch, hardware, w, deployment, gpus, prefill_hardware, policy, load, cache,
+            (precision, kv_dtype, spec_tokens, spec_acceptance, recipe), seed)
+        if slo_p90_interactivity is not None:
+            p90 = out["p90_interactivity_tok_s"]
+            out["meets_slo"] = p90 is not None and p90 >= slo_p90_interactivity
+        if simulate_s > 0:
+            out["simulated"] = _simulated(setup, dep, w, policy, load, simulate_s, seed,
+                                          out.get("hit_rate"), cache)
         emit(out, as_json)
 
 
-def _serve_replica(arch, hardware, w, step, policy, load, cache: dict, slo_p90_interactivity,
-                   simulate_s: float, seed: int) -> dict:
-    """One replica through serve() (and the simulator with `simulate_s`)."""
-    from model.serve.engine import serve
+def _simulated(setup, dep, w, policy, load, duration_s: float, seed: int, hit_rate,
+               cache: dict) -> dict:
+    """The discrete-event simulator on one replica of the deployment, with the step model and
+    hit rate the full tier used."""
+    from model.plan.full_tier import worker_step_model
+    from model.serve.simulate import simulate
 
-    r = serve(step, w, policy, load, hit_rate=cache["hit_rate"],
-              slo_p90_interactivity=slo_p90_interactivity, seed=seed,
-              cache=False if cache["infinite"] else None, cache_policy=cache["policy"],
-              cache_tiers=cache["tiers"], prefetch_reload=cache["prefetch"])
-    out = {"arch": arch, "hardware": hardware, "workload": w.name, "gpus": step.gpus,
-           "plan": step.plan.label(), **r.as_dict(),
-           "p90_interactivity_tok_s": r.interactivity_tok_s["p90"],
-           "p90_ttft_s": r.ttft_s["p90"]}
-    if simulate_s > 0:
-        from model.serve.simulate import simulate
-
-        sim = simulate(step, w, policy, load, duration_s=simulate_s, seed=seed,
-                       hit_rate=cache["hit_rate"] if cache["hit_rate"] is not None
-                       else (r.hit_rate if r.cache else None),
-                       dp_ranks=step.plan.dp)
-        out["simulated"] = sim.summary()
-    return out
+    if dep.mode != "aggregated" or dep.replica.instances != 1:
+        raise ServecastError("serve: --simulate-s: the simulator runs one replica; give no "
+                             "--deployment, or one replica (1x[plan])")
+    step = worker_step_model(setup, setup.hardware, dep.replica, True)
+    hit = cache["hit_rate"] if cache["hit_rate"] is not None else (
+        None if cache["infinite"] else hit_rate)
+    return simulate(step, w, policy, load, duration_s=duration_s, seed=seed, hit_rate=hit,
+                    dp_ranks=step.plan.dp).summary()
 
 
 def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, policy, load,
@@ -208,6 +197,8 @@ def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, pol
     dep = labelled_deployment(shape, setup, concurrency, policy)
     served = evaluate_deployment(setup, dep, load)
     r = served.result
-    return {"arch": arch, "hardware": hardware, "workload": w.name, "gpus": dep.gpus,
-            "plan": dep.shape_label(), "deployment": dep.as_dict(), **served.as_dict(),
-            "p90_interactivity_tok_s": r.interactivity_tok_s["p90"], "p90_ttft_s": r.ttft_s["p90"]}
+    out = {"arch": arch, "hardware": hardware, "workload": w.name, "gpus": dep.gpus,
+           "plan": dep.shape_label(), "deployment": dep.as_dict(), **served.as_dict(),
+           "p90_interactivity_tok_s": r.interactivity_tok_s["p90"],
+           "p90_ttft_s": r.ttft_s["p90"]}
+    return out, setup, dep
