@@ -24,7 +24,7 @@ output_dir: str = "."  # where figures and headline.json go
 # configuration (parallel plan x size), decode under the interactivity SLO and its KV capacity.
 # Stage 2 (ratio): x prefill + y decode instances serve min(x*lam_P, y*lam_D) requests/s, so
 # TPGS depends on the P:D ratio x/y alone and peaks at the rate-matched ratio lam_D/lam_P
-# (research/theory.md §7). A GPU budget only admits the (x, y) that fill it exactly, so the
+# (papers/research/theory.md §7). A GPU budget only admits the (x, y) that fill it exactly, so the
 # sweep runs over every budget up to `max_gpus` (`model.plan.disagg.ratio_sweep`). The search
 # (`model/plan/planner.py`) then charges what the two stages leave out: finite prefix cache, prefill
 # queueing and the KV hand-off in TTFT; its screening tier ranks the deployments at the budget

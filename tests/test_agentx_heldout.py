@@ -11,7 +11,7 @@ from model.validate.agentx import _group_runs, load_groups, load_runs, predict, 
 
 
 @pytest.mark.parametrize("run_id, model, chip, gpus, conc, tpgs, p90", [
-    # the vLLM AgentX post's three rows (seed 000, research/theory.md §1.0): the export must say
+    # the vLLM AgentX post's three rows (seed 000, papers/research/theory.md §1.0): the export must say
     # what the post says (DeepSeek V4 Pro 12 GB300 / 256: 83K at 58.3 tok/s; MiniMax M3 2 B300 /
     # 24: 70K at 74.2; Kimi K3 16 GB300 / 48: 11.8K at 62.7)
     (439873, "dsv4", "gb300", 12, 256, 83_000, 58.3),

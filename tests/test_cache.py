@@ -87,7 +87,7 @@ def test_infinite_cache_matches_agentx_derived_hit(stream):
 
 @pytest.mark.parametrize("name,expected", [("conversation", 0.374), ("synthetic", 0.651)])
 def test_mooncake_infinite_hit(name, expected):
-    # research/workloads.md §3 [computed]: token-weighted infinite-cache prefix hit with
+    # papers/research/workloads.md §3 [computed]: token-weighted infinite-cache prefix hit with
     # 512-token blocks, global ids: conversation 37.4%, synthetic 65.1%.
     res = cache.replay(TRACES / f"mooncake_fast25_{name}_trace.jsonl")
     assert res.hit_rate == pytest.approx(expected, abs=0.0006)

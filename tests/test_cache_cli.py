@@ -20,7 +20,7 @@ def test_cache_routing_and_errors(cli):
               "--routing", "random", "--capacity-tokens", "1e6", "--json")
     assert out.code == 0, out.stderr
     d = out.json
-    # below the 65.1% single-cache ceiling of this trace (research/workloads.md §3)
+    # below the 65.1% single-cache ceiling of this trace (papers/research/workloads.md §3)
     assert d["replicas"] == 8 and d["routing"] == "random" and 0 < d["hit_rate"] < 0.651
     assert len(d["replica_input_tokens"]) == 8
     bad = cli("cache", "data/traces/azure_llm_2023_code.csv", "--json")

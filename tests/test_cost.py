@@ -30,7 +30,7 @@ class Price:
 
 
 # Claude Opus 5 (2026-07-24): input 5, 5-min cache write 6.25, cache read 0.50, output 25 $/Mtok
-# (research/hardware.md §5.1 [S40]; the AgentX post's own formula, theory.md §11).
+# (papers/research/hardware.md §5.1 [S40]; the AgentX post's own formula, papers/research/theory.md §11).
 OPUS_5 = Price(5.0, 0.50, 25.0, 6.25)
 
 
@@ -50,11 +50,11 @@ POST_ROWS = _post_rows()
 
 
 def test_usd_per_mtok_matches_theory_t40():
-    # theory.md §13 T40: $27.72/h on 12 GPUs at 83K TPGS -> $0.00773/Mtok; M3 $4.52, 2 GPUs, 70K
+    # papers/research/theory.md §13 T40: $27.72/h on 12 GPUs at 83K TPGS -> $0.00773/Mtok; M3 $4.52, 2 GPUs, 70K
     # -> $0.00897/Mtok.
     assert usd_per_mtok(27.72, 83_000 * 12) == pytest.approx(0.00773, rel=1e-3)
     assert usd_per_mtok(4.52, 70_000 * 2) == pytest.approx(0.00897, rel=1e-3)
-    assert pytest.approx(2.31) == 27.72 / 12  # = SemiAnalysis GB300 costh, hardware.md §4.1
+    assert pytest.approx(2.31) == 27.72 / 12  # = SemiAnalysis GB300 costh, papers/research/hardware.md §4.1
 
 
 def test_token_mix_fractions():
@@ -89,7 +89,7 @@ def test_alternative_mixes_do_not_reproduce_all_three():
     # (a) seed medians 142K in / 444 out at 95% hit: blended 0.8006 $/Mtok; M3 needs 0.7619.
     seed95 = token_mix(142_000, 444, 0.95)
     assert blended_api_usd_per_mtok(OPUS_5, seed95) == pytest.approx(0.8006, rel=1e-3)
-    # (b) trace token mass (research/workloads.md §1.4: in:out 278, uncached:out 10.3):
+    # (b) trace token mass (papers/research/workloads.md §1.4: in:out 278, uncached:out 10.3):
     # 0.5*267.7/279 + 5*10.3/279 + 25/279 = 0.7539 $/Mtok; DSV4 needs 0.8160 (-7.6%).
     mass = token_mix(278, 1, 1 - 10.3 / 278)
     assert blended_api_usd_per_mtok(OPUS_5, mass) == pytest.approx(0.7539, rel=1e-3)
@@ -107,7 +107,7 @@ def test_cache_write_billing_raises_api_cost():
 
 
 def test_owned_cost_h100_and_gb200_payback_examples():
-    # hardware.md §4.3: H100 ~$50k/GPU all-in, 3-yr payback + 20% opex => ~$2.3/h:
+    # papers/research/hardware.md §4.3: H100 ~$50k/GPU all-in, 3-yr payback + 20% opex => ~$2.3/h:
     # 50,000/(3*8760) = 1.9026 $/h, opex 20% of that = 0.2/3 of capex per year -> 2.283 $/h.
     h100 = OwnedCostInputs(capex_usd_per_gpu=50_000, power_kw_per_gpu=0.0, cluster_overhead=1.0,
                            life_years=3, opex_fraction_per_year=0.2 / 3)
@@ -120,7 +120,7 @@ def test_owned_cost_h100_and_gb200_payback_examples():
 
 
 def test_owned_cost_power_and_capital():
-    # hardware.md §4.4: GB300 2.12 kW all-in x PUE 1.25 x $0.08/kWh = $0.212/GPU-hr.
+    # papers/research/hardware.md §4.4: GB300 2.12 kW all-in x PUE 1.25 x $0.08/kWh = $0.212/GPU-hr.
     parts = owned_cost_breakdown(OwnedCostInputs(capex_usd_per_gpu=0.0, power_kw_per_gpu=2.12,
                                                  electricity_usd_per_kwh=0.08))
     assert parts["power"] == pytest.approx(0.212, rel=1e-3)
@@ -160,7 +160,7 @@ def test_gpu_hour_bases_from_hardware_specs():
     from model.specs.hardware import load_hardware
 
     gb300 = load_hardware("gb300-nvl72")
-    # owned TCO: SemiAnalysis Jul-2026 costh for GB300 NVL72, $2.31/GPU-h (hardware.md §4.1),
+    # owned TCO: SemiAnalysis Jul-2026 costh for GB300 NVL72, $2.31/GPU-h (papers/research/hardware.md §4.1),
     # the post's $27.72 / 12 GPUs.
     assert gpu_hour_usd(gb300, "owned") == pytest.approx(2.31)
     low, high = gb300.rental_usd_per_gpu_hour

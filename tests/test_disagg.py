@@ -1,4 +1,4 @@
-"""P/D disaggregation: saturation, rate matching, xPyD ratios (theory.md §7)."""
+"""P/D disaggregation: saturation, rate matching, xPyD ratios (papers/research/theory.md §7)."""
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ from model.plan.disagg import (
 
 
 def test_scaling_book_pd_ratio_t10():
-    # theory.md §13 T10 (scaling book): T_prefill 0.91 s, decode B=32 at T_step 0.019 s, L_out 512
+    # papers/research/theory.md §13 T10 (scaling book): T_prefill 0.91 s, decode B=32 at T_step 0.019 s, L_out 512
     # -> P/G = 0.91*32/(0.019*512) = 2.99 prefill servers per generate server.
     lam_p = prefill_saturation_rps(0.91, 8192, 8192)  # one 8192-token prompt per 0.91 s
     rate, inter, best = decode_saturation(np.array([32.0]), np.array([0.019]), 512)
@@ -51,7 +51,7 @@ def test_xpyd_grid_and_system_rate():
 
 
 def test_mdl_wait_distserve_t18():
-    # theory.md §13 T18: M/D/1 with D = 1 s, R = 0.5/s: TTFT = D + R D^2 / (2 (1 - R D)) = 1.5 s.
+    # papers/research/theory.md §13 T18: M/D/1 with D = 1 s, R = 0.5/s: TTFT = D + R D^2 / (2 (1 - R D)) = 1.5 s.
     assert 1.0 + mdl_wait_s(1.0, 0.5) == pytest.approx(1.5)
     assert np.isinf(mdl_wait_s(1.0, 1.0))
 
@@ -75,7 +75,7 @@ def test_ratio_sweep_over_budgets_by_hand():
 
 
 def test_tpgs_peaks_at_the_rate_matched_ratio_t10():
-    # theory.md §13 T10: lam_D / lam_P = 2.99 prefill per generate server. On a continuous
+    # papers/research/theory.md §13 T10: lam_D / lam_P = 2.99 prefill per generate server. On a continuous
     # ratio, TPGS = min(r lam_P, lam_D) T / (r g_P + g_D) rises until r = lam_D / lam_P (the
     # prefill stage limits) and falls after (decode limits while prefill GPUs are added).
     lam_p = float(prefill_saturation_rps(0.91, 8192, 8192))

@@ -7,7 +7,7 @@ from model.specs.errors import ServecastError
 
 
 def test_kv_transfer_time_packed_vs_per_tensor():
-    # DeepSeek V3 MLA KV 70,272 B/token (theory.md T32), 3,520 new tokens -> 247.36 MB.
+    # DeepSeek V3 MLA KV 70,272 B/token (papers/research/theory.md T32), 3,520 new tokens -> 247.36 MB.
     # Over 4 prefill GPUs x 50 GB/s: 247.36e6/200e9 = 1.2368 ms, + ceil(3520/64)=55 blocks of
     # descriptors over 4 senders x 2 us = 27.5 us (packed: one tensor per block).
     packed = kv_transfer_time_s(3520, 70_272, 50e9, gpus_sending=4)

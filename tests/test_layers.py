@@ -115,3 +115,17 @@ def test_each_package_has_a_readme(layer):
     assert readme.exists(), f"model/{layer}/README.md is missing"
     text = readme.read_text()
     assert "import" in text.lower(), f"model/{layer}/README.md does not say what it may import"
+
+
+def test_cited_research_notes_are_in_the_repository():
+    """Code, tests and data cite the research notes by their path inside the repository
+    (papers/research/), so every citation resolves in a clone."""
+    import re
+    cited = set()
+    for folder in ("model", "tests", "data", "hardware", "notebooks", "papers/vllm-agentx"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in {".py", ".yaml", ".md", ".ipynb"}:
+                cited |= set(re.findall(r"papers/research/([\w-]+\.(?:md|csv))",
+                                        path.read_text(errors="replace")))
+    assert {"theory.md", "workloads.md", "hardware.md", "architectures.md"} <= cited
+    assert all((ROOT / "papers" / "research" / name).is_file() for name in cited), cited

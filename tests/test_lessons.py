@@ -1,5 +1,5 @@
 """The vLLM AgentX post's parallelism lessons, as they come out of the model (nothing here is
-written into it): the post (seeds/000, research/theory.md §1.0) reports that
+written into it): the post (seeds/000, papers/research/theory.md §1.0) reports that
 
 - PP suits cold long prefills but adds latency to warm, prefix-heavy turns;
 - DCP is not universal: it helps Kimi K3 (MLA + KDA) but not DeepSeek V4 (compressed sparse
@@ -70,7 +70,7 @@ def test_pcp_beats_tp_on_a_32k_deepseek_v4_prefill():
 def test_dep_with_threshold_and_cadence_leads_mixed_deepseek_v4_traffic():
     # Post: DEP is the default for mixed (aggregated) DeepSeek V4 traffic, DCP's communication
     # too costly, with --long-prefill-token-threshold and --prefill-schedule-interval keeping
-    # long cold prefills from stalling every lock-stepped rank (research/theory.md 1.0: DCP
+    # long cold prefills from stalling every lock-stepped rank (papers/research/theory.md 1.0: DCP
     # "only matched DEP"). The screening tier's ranking (the shortlist `plan` gives the full tier)
     # puts DEP's best within 5% of the best aggregated TPGS at the SLO (TP4-EP4 40.3K, DEP12
     # 39.9K, TP4 39.1K, DCP 38.4K, DP 36.7K, PP 31.9K: a pipeline's period is its slowest

@@ -10,7 +10,7 @@ from model.serve.step_balance import solve_mean_step
 
 def test_one_rank_is_the_work_conservation_law():
     # One rank: every extension is paid once, so the mean step solves t = td + x t E[ext]
-    # whatever the mix of runs and short prompts (research/theory.md 1.1: the mean step is the
+    # whatever the mix of runs and short prompts (papers/research/theory.md 1.1: the mean step is the
     # decode step plus the prefill work per step), t = td / (1 - x E[ext]).
     rng = np.random.default_rng(0)
     full = rng.integers(0, 4, 3000).astype(float)

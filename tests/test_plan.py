@@ -101,7 +101,7 @@ def test_plan_family_names():
 
 
 def test_pcp_beats_tp_on_32k_prefill_deepseek_v4():
-    # vLLM AgentX post (theory.md §1.0): PCP8 is 2.65x faster than TP8 on a 32K-prompt prefill
+    # vLLM AgentX post (papers/research/theory.md §1.0): PCP8 is 2.65x faster than TP8 on a 32K-prompt prefill
     # of DeepSeek V4. The model's step times (no factor fitted to this number) must land within
     # 25% of the post's ratio.
     tp8 = step_model("deepseek-v4-pro", "gb300-nvl72", ParallelPlan(tp=8, moe_tp=8))
@@ -113,7 +113,7 @@ def test_pcp_beats_tp_on_32k_prefill_deepseek_v4():
 def test_pp_hurts_warm_turns_not_cold_prefills():
     # Post lesson: PP is good for cold long prefills, bad for warm prefix-heavy turns. Same 8
     # GPUs: TP4-PP2 vs TP8, a warm turn (2K new on 100K cached) vs a cold 128K prompt, where
-    # chunks pipeline: (M + S - 1) stage times (theory.md §4.4, T37).
+    # chunks pipeline: (M + S - 1) stage times (papers/research/theory.md §4.4, T37).
     tp8 = step_model("deepseek-v4-pro", "gb300-nvl72", ParallelPlan(tp=8, moe_tp=8))
     pp2 = step_model("deepseek-v4-pro", "gb300-nvl72", ParallelPlan(tp=4, pp=2, moe_tp=4))
     warm = prefill_time_s(pp2, 2048, 100_000) / prefill_time_s(tp8, 2048, 100_000)

@@ -41,7 +41,7 @@ def test_pd_ratio_notebook(tmp_path):
                                   "slo_p90_interactivity": 20.0}, tmp_path)
     # 3 GPUs of single-GPU-or-larger workers: the joint optimum uses x + y instances within 3.
     assert h["joint_x"] >= 1 and h["joint_y"] >= 1
-    # stage 1 -> stage 2 (theory.md §7): prefill instances per decode instance = lam_D / lam_P
+    # stage 1 -> stage 2 (papers/research/theory.md §7): prefill instances per decode instance = lam_D / lam_P
     assert h["rate_matched_p_per_d"] == pytest.approx(h["decode_max_rps"] / h["prefill_max_rps"])
     assert h["prefill_max_rps"] > 0 and h["decode_max_rps"] > 0
     assert h["p90_interactivity_tok_s"] >= 20.0

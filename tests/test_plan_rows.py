@@ -1,4 +1,4 @@
-"""The vLLM AgentX post's three deployments (seed 000; research/theory.md §1.0), planned with
+"""The vLLM AgentX post's three deployments (seed 000; papers/research/theory.md §1.0), planned with
 documented deployment recipes (data/deployments/), AgentX v1.0 traffic as SemiAnalysis states it
 (`agentx-v1`: agentx-synthetic's sessions with v1.0's gap and output laws, model.fit.workload)
 and the finite prefix cache; no per-row factors. Every number is the full tier's (plan's report);
@@ -76,7 +76,7 @@ def test_hit_rate_answers_to_capacity_and_policy():
 
     w = load_workload("agentx")
     # Unlimited HBM: every session's prefix survives -> the trace's infinite-cache hit
-    # (96.3% on the derived CSV, research/workloads.md §1.6; >96% in the post).
+    # (96.3% on the derived CSV, papers/research/workloads.md §1.6; >96% in the post).
     hbm, low, inf = tier_hits(w, {"hbm": 1e12}, [64.0])
     assert hbm[0] == pytest.approx(inf, abs=1e-9) and low[0] == 0 and 0.95 < inf < 0.97
     # 6M tokens of HBM shared by more sessions hits less, and a host tier behind it recovers

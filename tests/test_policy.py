@@ -1,4 +1,4 @@
-"""EnginePolicy: vLLM V1 scheduler semantics (research/theory.md §1.1, numeric cases §13)."""
+"""EnginePolicy: vLLM V1 scheduler semantics (papers/research/theory.md §1.1, numeric cases §13)."""
 
 from __future__ import annotations
 

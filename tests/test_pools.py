@@ -63,7 +63,7 @@ def _serve(load, prefill=None, decode=None, policy=POLICY):
 
 def test_open_loop_prefill_queue_is_m_d_1():
     # Every prompt is one 8,192-token chunk: a deterministic service S = 0.21384 s on one rank,
-    # Poisson arrivals at 2/s: rho = 0.4277, M/D/1 mean wait rho S / (2 (1 - rho)) (theory.md
+    # Poisson arrivals at 2/s: rho = 0.4277, M/D/1 mean wait rho S / (2 (1 - rho)) (papers/research/theory.md
     # §6). Mean TTFT = wait + S + hand-off + the first decode step (20 ms); 1 - rho > 1/2 of the
     # prompts find the server idle, so the median TTFT carries no wait.
     r, sol = _serve(OpenLoop(2.0))

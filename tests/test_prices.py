@@ -35,7 +35,7 @@ def test_price_ordering_and_anthropic_write_multiplier():
         # A cache hit never costs more than a miss; output never less than input.
         assert 0 < p.cached_input_usd_per_mtok < p.input_usd_per_mtok <= p.output_usd_per_mtok
         if p.vendor == "Anthropic":
-            # Anthropic's 5-minute cache write is 1.25x the input price (hardware.md 5.1).
+            # Anthropic's 5-minute cache write is 1.25x the input price (papers/research/hardware.md 5.1).
             assert p.cache_write_usd_per_mtok == pytest.approx(1.25 * p.input_usd_per_mtok)
 
 
@@ -104,7 +104,7 @@ def test_owned_cost_inputs_and_power_share_of_tco():
     # One public TCO calculator's defaults [S39]: $0.07/kWh, PUE 1.25, 5-year life.
     assert (inputs["electricity_usd_per_kwh"].value, inputs["pue"].value,
             inputs["amortization_years"].value) == (0.07, 1.25, 5)
-    # hardware.md 4.4: all-in kW x PUE x $/kWh is ~10% of the owned TCO (GB300: 2.12 x 1.25 x
+    # papers/research/hardware.md 4.4: all-in kW x PUE x $/kWh is ~10% of the owned TCO (GB300: 2.12 x 1.25 x
     # 0.08 = $0.21 of $2.31); capex amortization dominates. At the default $0.07/kWh every sourced
     # TCO has a power share of 7-14% (highest on the cheaper AMD parts: MI325X 1.69 kW, $1.10/h).
     for name in list_hardware():

@@ -64,7 +64,7 @@ def test_workload_statistics_match_the_seed(workload_rows):
     # workload (the 710 public cc-traces resampled) must land within each claim's tolerance
     # (15%, 15%, 15%, >= 96% - 1%). The input median is read token-weighted (137K on the
     # corpus; request median 105K), the output median as the median session's mean (426; the
-    # request median is 216): research/workloads.md §1.6 and the claims' notes.
+    # request median is 216): papers/research/workloads.md §1.6 and the claims' notes.
     for cid in ("workload.median_turns", "workload.median_input_tokens",
                 "workload.median_output_tokens", "workload.prefix_hit_rate"):
         row = workload_rows[cid]

@@ -124,7 +124,7 @@ def test_aggregated_kv_capacity_bound():
 
 
 def test_dp_lockstep_slowed_fraction_t36():
-    # theory.md §13 T36: DP=8 ranks, each with a prefill on 20% of steps: 1-(0.8)^8 = 83.2% of
+    # papers/research/theory.md §13 T36: DP=8 ranks, each with a prefill on 20% of steps: 1-(0.8)^8 = 83.2% of
     # steps wait for a prefill. Poisson per-rank rate with P(0) = 0.8 is lam = -ln 0.8.
     pmf = _max_of_ranks(_poisson_pmf(-np.log(0.8)), 8)
     assert 1 - pmf[0] == pytest.approx(0.832, abs=5e-4)
@@ -151,7 +151,7 @@ def test_disaggregated_closed_loop_at_a_given_concurrency():
     # uncached tokens (half 1,000, half 3,000). Decode instance (4 GPUs): 25 ms steps whatever
     # the batch. A lane's cycle (Little's law, N = r * cycle): Pollaczek-Khinchine wait in the
     # prefill queue, r E[S^2] / (2 (1 - rho)) with E[S^2] = E[U^2] / 16,384^2 = 5e6 / 16,384^2
-    # (theory.md §6) + 2,000 / 16,384 s of prefill + the KV hand-off (2,000 x 50 KB over 50 GB/s
+    # (papers/research/theory.md §6) + 2,000 / 16,384 s of prefill + the KV hand-off (2,000 x 50 KB over 50 GB/s
     # + 32 descriptors x 2 us) + 400 decode steps x 25 ms + the 10 s gap.
     from scipy.optimize import brentq
 

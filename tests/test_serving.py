@@ -52,7 +52,7 @@ def test_mg1_transform_matches_mm1_tail():
 def test_finite_source_wait_is_pollaczek_khinchine_when_the_sessions_are_many():
     # Gaps of 10^6 s: the idle sessions arrive as a Poisson stream at X = 0.5/s over any busy
     # period, so the closed loop's queue is M/D/1 with 1 s services: P(busy) = rho = 0.5 and
-    # the mean wait rho S / (2 (1 - rho)) = 0.5 s (Pollaczek-Khinchine, research/theory.md §6)
+    # the mean wait rho S / (2 (1 - rho)) = 0.5 s (Pollaczek-Khinchine, papers/research/theory.md §6)
     from model.serve.finite_source import finite_source_wait_pmf
 
     pmf, busy = finite_source_wait_pmf(np.full(100, 1.0), 0.01, 4096, np.full(100, 1e6), 0.5)
@@ -239,7 +239,7 @@ def test_threshold_effect_reports_the_comparison():
 
 @pytest.mark.slow
 def test_threshold_on_deepseek_v4_dep8_b300_as_the_seed_measured():
-    # Seed 000: --long-prefill-token-threshold 512 on DeepSeek V4 Pro (B300, research/theory.md
+    # Seed 000: --long-prefill-token-threshold 512 on DeepSeek V4 Pro (B300, papers/research/theory.md
     # §1.0) gives "up to +93% TPGS" and "about 2.3x P90 interactivity". Both policies at
     # --prefill-schedule-interval 8 (InferenceX's DSv4 AgentX DEP lane), recipe MTP on. Without
     # the threshold a cold prefill of the trace's tail (up to 850K tokens) holds each admitting

@@ -31,7 +31,7 @@ def chip(**over):
 
 def test_decode_step_at_least_weight_read_time():
     # Llama-8B bf16 on 3.35e12 B/s: reading 16.06e9 B of weights takes >= 4.79 ms
-    # (theory.md §3.3: T_step >= N b_w / W_hbm at small batch)
+    # (papers/research/theory.md §3.3: T_step >= N b_w / W_hbm at small batch)
     sm = build_step_model(llama8b(), chip(), ParallelPlan(), factors=NO_OVERHEAD)
     t = float(sm.step_time_s(0, 0, 1, 1024))
     assert t >= 16.06e9 / 3.35e12
@@ -118,7 +118,7 @@ def test_dcp_leaves_linear_attention_to_tp():
     # Kimi K3's 69 KDA layers keep one recurrent state per sequence, sharded by heads over TP
     # (model.perf.parallel.kv_shard); DCP splits cached entries along the sequence and has nothing
     # to split there, so TP8 with DCP8 runs a KDA decode exactly as TP8 does, while the MLA
-    # layers attend 1/8 of the context with all 96 heads (research/theory.md §1.3): the same
+    # layers attend 1/8 of the context with all 96 heads (papers/research/theory.md §1.3): the same
     # FLOPs on 1/8 of the KV bytes, faster where the read dominates
     from model.plan.plan_models import step_model
     from model.specs.architecture import load_architecture
@@ -136,7 +136,7 @@ def test_dcp_leaves_linear_attention_to_tp():
 
 def test_msa_index_keys_are_one_per_token_in_the_step_model_too():
     # MiniMax M3's side index-K cache holds one 128-wide key per token per sparse layer
-    # (research/architectures.md §3: TensorRT-LLM's [num_slots, 1, sparse_index_dim]; model.perf.kv):
+    # (papers/research/architectures.md §3: TensorRT-LLM's [num_slots, 1, sparse_index_dim]; model.perf.kv):
     # at TP1 the step model's per-sequence KV equals model.perf.kv's footprint
     from model.perf.kv import sequence_kv
     from model.specs.architecture import load_architecture

@@ -11,7 +11,7 @@ def test_roofline_notebook_places_decode_left_and_prefill_right(tmp_path):
     head = run_notebook("roofline", {"arch": "meta-llama-3.1-8b", "hardware": "h100-sxm",
                                      "tp": 1, "dp": 1, "ep": 1, "decode_seqs": 16,
                                      "context_tokens": 2048, "prefill_tokens": 4096}, tmp_path)
-    # H100 SXM bf16: 989.4e12 FLOP/s over 3.35e12 B/s = 295.3 FLOP/B (theory.md §2, T01)
+    # H100 SXM bf16: 989.4e12 FLOP/s over 3.35e12 B/s = 295.3 FLOP/B (papers/research/theory.md §2, T01)
     assert head["ridge_flop_per_byte"] == pytest.approx(295.3, rel=0.01)
     # a 16-sequence decode step is all below the ridge; a 4096-token prefill almost all above
     assert head["decode_time_share_memory_bound"] == pytest.approx(1.0)

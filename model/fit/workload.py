@@ -127,10 +127,10 @@ def fit_agentx(traces_dir: Path) -> dict:
 
 
 # AgentX v1.0 (cc-traces-weka-062126), the corpus the vLLM post's rows ran on, as SemiAnalysis
-# states it (research/theory.md §10 [S2], 2026-08-24): inter-turn gaps "~log-normal", median
+# states it (papers/research/theory.md §10 [S2], 2026-08-24): inter-turn gaps "~log-normal", median
 # 3.84 s, ~10% over 1 min; DeepSeek V4 runs OSL p50 413 / p90 2.2K / p95 3.7K / p99 8.6K.
 V1_SOURCE = ("SemiAnalysis, AgentX - InferenceXv3 (2026-08-24), AgentX v1.0 statistics "
-             "(research/theory.md §10 [S2])")
+             "(papers/research/theory.md §10 [S2])")
 V1_GAP_MEDIAN_S, V1_GAP_OVER_60S = 3.84, 0.10
 V1_OSL_QUANTILES = {0.5: 413.0, 0.9: 2200.0, 0.95: 3700.0, 0.99: 8600.0}
 V1_ISL_QUANTILES = {0.5: 88e3, 0.9: 272e3, 0.95: 404e3, 0.99: 675e3}

@@ -1,7 +1,7 @@
 """Cost of serving: GPU-hour price (owned TCO or rental), $ per million tokens by token class,
 and the API-equivalent cost of the same token mix (the "cost advantage" of self-hosting).
 
-Sources (research/hardware.md §4-5, theory.md §11):
+Sources (papers/research/hardware.md §4-5, papers/research/theory.md §11):
 - owned TCO per GPU-hour: SemiAnalysis AI Cloud TCO `costh` tier, carried by each hardware spec as
   `tco_usd_per_gpu_hour`; the vLLM AgentX post's $27.72 / $4.52 / $36.96 are exactly these rates;
 - a transparent owned-cost model (capex amortization + opex + power at PUE + hosting) for what-ifs;
@@ -68,13 +68,13 @@ def token_mix(input_tokens: float, output_tokens: float, hit_rate: float,
 # The post's three $/h figures imply blended Opus-5 prices of $0.816, $0.762 and $0.792 per Mtok of
 # total tokens, so no single mix reproduces all three exactly (each run served its own sample of
 # lanes). This mix reproduces all three within 5%: the served AgentX replay's matched medians from
-# the DeepSeek V4 runs (ISL p50 88K, OSL p50 413; research/theory.md §10 [S2]) with the post's
+# the DeepSeek V4 runs (ISL p50 88K, OSL p50 413; papers/research/theory.md §10 [S2]) with the post's
 # stated >96% hit rate taken at its floor (the conservative side for the API bill: more cache hits
 # make the API cheaper). Alternatives checked (tests/test_cost.py): 95% hit with the seed medians
 # 142K/444 misses MiniMax M3 by 5.1%; the trace token mass (in:out 278, 96.3% hit) misses DSV4 by 7.6%.
 POST_MIX_INPUT_TOKENS, POST_MIX_OUTPUT_TOKENS = 88_000, 413
 AGENTX_POST_MIX = token_mix(POST_MIX_INPUT_TOKENS, POST_MIX_OUTPUT_TOKENS, 0.96, source=(
-    "AgentX DSV4 replay medians ISL 88K / OSL 413 (theory.md §10 [S2]) at the post's 96% hit floor"))
+    "AgentX DSV4 replay medians ISL 88K / OSL 413 (papers/research/theory.md §10 [S2]) at the post's 96% hit floor"))
 
 
 def blended_api_usd_per_mtok(price: ApiPriceLike, mix: TokenMix,
@@ -97,7 +97,7 @@ def api_equivalent_usd_per_hour(price: ApiPriceLike, mix: TokenMix, tokens_per_s
 
 
 def usd_per_mtok(usd_per_hour: float, tokens_per_s: float) -> float:
-    """$/Mtok = ($/h) / (tokens/s * 3600) * 1e6 (theory.md §11)."""
+    """$/Mtok = ($/h) / (tokens/s * 3600) * 1e6 (papers/research/theory.md §11)."""
     if tokens_per_s <= 0:
         raise ServecastError(f"usd_per_mtok: tokens_per_s={tokens_per_s}: must be positive")
     return usd_per_hour / (tokens_per_s * HOUR) * MTOK
@@ -133,7 +133,7 @@ def cost_advantage(api_usd_per_hour: float, tco_usd_per_hour: float) -> float:
 @dataclass(frozen=True)
 class OwnedCostInputs:
     """An owner's all-in hourly cost of one GPU. Defaults: one public TCO calculator's defaults
-    (research/hardware.md §4.4 [S39]): 1.30x cluster overhead on GPU capex, 5-year life, 8%/yr opex,
+    (papers/research/hardware.md §4.4 [S39]): 1.30x cluster overhead on GPU capex, 5-year life, 8%/yr opex,
     PUE 1.25, $0.07/kWh; hosting as colocation $/kW-month (0 when the datacenter is owned and its
     cost sits in the overhead)."""
 

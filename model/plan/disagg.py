@@ -1,11 +1,11 @@
-"""Prefill/decode disaggregation: the AgentX post's two-stage P/D method (research/theory.md §1.0,
+"""Prefill/decode disaggregation: the AgentX post's two-stage P/D method (papers/research/theory.md §1.0,
 §7). The deployment itself is described in `model.plan.deployment`, the KV hand-off between the
 pools in `model.serve.pools`.
 
 1. saturation analysis: the maximum request rate of prefill-only and decode-only configurations
    (each parallel plan and size), decode under the interactivity SLO and its KV capacity;
 2. P/D ratio: `x` prefill and `y` decode instances serve `min(x*lam_P, y*lam_D)` requests/s;
-   the rate-matched ratio is `x/y = lam_D/lam_P` (theory.md §7 throughput rate matching);
+   the rate-matched ratio is `x/y = lam_D/lam_P` (papers/research/theory.md §7 throughput rate matching);
    `xpyd_rates` / `ratio_sweep` tabulate it for one plan pair over instance counts or budgets.
 
 All rate functions are numpy-vectorized over batches and instance counts.
@@ -27,7 +27,7 @@ def prefill_saturation_rps(step_time_s, chunk_tokens: float, uncached_tokens: fl
     """Requests/s one prefill-only instance sustains: full chunks back to back.
 
     `step_time_s` is the step time of a `chunk_tokens` prefill step (array over plans);
-    each request needs `uncached_tokens` of prefill (theory.md §7: Thr_P / E[n_uncached])."""
+    each request needs `uncached_tokens` of prefill (papers/research/theory.md §7: Thr_P / E[n_uncached])."""
     tokens_per_s = chunk_tokens / np.asarray(step_time_s, float)
     return tokens_per_s / np.maximum(uncached_tokens, 1.0)
 
@@ -76,7 +76,7 @@ def system_rate_rps(x, y, prefill_rps, decode_rps):
 
 
 def mdl_wait_s(service_s, utilization):
-    """M/D/1 mean queueing wait (theory.md §6, T18): rho*S / (2(1-rho)); inf at rho >= 1."""
+    """M/D/1 mean queueing wait (papers/research/theory.md §6, T18): rho*S / (2(1-rho)); inf at rho >= 1."""
     s = np.asarray(service_s, float)
     return pk_wait_s(np.asarray(utilization, float) / s, s, s * s)
 

@@ -36,7 +36,7 @@ def prefill_time_s(step, new_tokens: float, cached_tokens: float = 0.0,
                    chunk: int = MAX_NUM_BATCHED_TOKENS) -> float:
     """Time to prefill `new_tokens` after `cached_tokens` of cached prefix, one request alone,
     in chunks of `chunk` tokens (vLLM chunked prefill); with pp stages the chunks pipeline:
-    (chunks + pp - 1) stage times (theory.md §4.4)."""
+    (chunks + pp - 1) stage times (papers/research/theory.md §4.4)."""
     pp = step.plan.pp
     n = int(np.ceil(new_tokens / chunk))
     sizes = np.full(n, float(chunk))

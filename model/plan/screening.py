@@ -8,13 +8,13 @@ the step model is evaluated once on a grid of batch compositions (`StepTable`); 
 then a few numpy operations on that table (`make bench`: the default scenario's ~169K candidates
 in about 1.9 s once the tables are built, on 2 cores).
 
-Serving model of an aggregated replica (closed loop, research/theory.md §6, §10, workloads.md §1.5):
+Serving model of an aggregated replica (closed loop, papers/research/theory.md §6, §10, papers/research/workloads.md §1.5):
 - `C` lanes per replica cycle through turns: queue + TTFT + O decode steps + think gap Z;
 - in steady state a step carries `B = r*O*T` decodes and `r*U*T` prefill tokens on average
   (turn rate r, mean uncached tokens U, mean output O, mean step time T), solved by fixed point;
 - prefill arrives in chunks of at most `long_prefill_token_threshold` tokens per request (else the
   whole remaining budget); per DP rank the chunks of a step are Poisson, and a DEP step waits for
-  its slowest rank (theory.md §4.3): this is how head-of-line blocking costs interactivity, and why
+  its slowest rank (papers/research/theory.md §4.3): this is how head-of-line blocking costs interactivity, and why
   the threshold and `prefill_schedule_interval` help;
 - request rate is capped by the step token budget (prefill-bound) and by KV capacity for the
   decoding batch; sessions not resident in HBM reload their KV from the host tier (offload);
@@ -183,7 +183,7 @@ def _cadence_steps(table: StepTable, which, lam, k_eff, b_mb, dp, pp, budget: fl
 def _fcfs_prefill(traffic: Traffic, cap, miss, thr, rate_per_rank, t_chunk, t_chunk_p90,
                   t_quiet, pp, interval):
     """(mean wait, P90 TTFT before reload and queue) of a prompt on its DP rank with the
-    threshold off (FCFS: one prompt holds the budget until its last chunk; theory.md §1.1
+    threshold off (FCFS: one prompt holds the budget until its last chunk; papers/research/theory.md §1.1
     head-of-line blocking). M/G/1 on the rank's prefill server, service = the prompt's chunks
     at t_chunk / pp each plus interval - 1 decode steps between them: Pollaczek-Khinchine mean
     wait; the P90 from `Traffic.fcfs_p90_chunks` at full-chunk times (the prompts that set it
@@ -220,7 +220,7 @@ def _secant_step(t, t_new, t_prev, g_prev):
 
 def _ttft(chunks, t_chunk, t_quiet, pp, interval):
     """Prefill latency of a request needing `chunks` steps: with pp stages its chunks pipeline,
-    (chunks + pp - 1) stage times (theory.md §4.4); with prefill_schedule_interval N each chunk
+    (chunks + pp - 1) stage times (papers/research/theory.md §4.4); with prefill_schedule_interval N each chunk
     waits N - 1 decode-only steps."""
     return (chunks + pp - 1) * t_chunk / pp + chunks * (interval - 1) * t_quiet
 

@@ -8,7 +8,7 @@
   asynchronously, other requests keep stepping), so the delay adds to that request's TTFT and to
   its response time in the closed loop, not to anyone else's. With `prefetch` the copy starts
   when the session's previous turn ends, so the tool / think gap before the request hides up to
-  that much of it (research/theory.md §8; model.perf.tiers.prefetch does the same on a replay).
+  that much of it (papers/research/theory.md §8; model.perf.tiers.prefetch does the same on a replay).
 
 Lower-tier hits are spread over requests in proportion to their input tokens (the closed form's
 token-weighted fractions); tiers copy over their own links in parallel (as

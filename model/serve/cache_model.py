@@ -1,7 +1,7 @@
 """Prefix-cache hit rate for the serving model and the planner: closed form (Che / TTL
 approximation over the session model) and a replay-backed fast path, behind one call.
 
-Closed form (research/theory.md §8). N sessions share a cache of C tokens; a session holds its
+Closed form (papers/research/theory.md §8). N sessions share a cache of C tokens; a session holds its
 context c between turns and comes back after a gap g (tool call or think time, plus the turn's
 own service time; gaps count up to the 300 s live window). The other N-1 sessions touch, within
 a gap g, about O(g) = (N-1) E[c_prev min(g', g)] / E[min(g', W)] tokens (the Che / TTL
@@ -45,7 +45,7 @@ from model.serve.routing import check_routing, route_replay
 from model.specs.errors import ServecastError
 
 # A session counts as live while its gaps stay under the AgentX replay's 300 s idle cap
-# (research/workloads.md §1.5); longer pauses are idle time, not cache pressure.
+# (papers/research/workloads.md §1.5); longer pauses are idle time, not cache pressure.
 LIVE_WINDOW_S = 300.0
 
 

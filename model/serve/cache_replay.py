@@ -7,7 +7,7 @@ tree) gives the distance of every reference, so any capacity, and every tier of 
 hierarchy (each tier an LRU over the same stream), is answered without re-simulating.
 tests/test_cache.py checks it against a brute-force LRU.
 
-Semantics (vLLM prefix caching, research/theory.md §1.5, §8):
+Semantics (vLLM prefix caching, papers/research/theory.md §1.5, §8):
 - a request looks its whole prompt up in the cache as it found it on arrival and hits the
   longest leading run of full blocks that are resident (the partial tail block is never cached:
   AgentX lists floor(in/64) ids);

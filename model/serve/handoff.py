@@ -3,7 +3,7 @@
 With sticky sessions only the turn's new tokens move. The packed layout moves one contiguous
 region per block; a per-tensor layout (one tensor per layer and attention kind, 92 for DeepSeek
 V4) pads each tensor's blocks and posts one RDMA work request per (block, tensor): ~10% more bytes
-with the FP4 indexer (seed post; theory.md §13 T23).
+with the FP4 indexer (seed post; papers/research/theory.md §13 T23).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The engine's batching policy (vLLM V1 scheduler knobs) and the per-step token accounting both
-the closed-form serving model and the simulator apply (research/theory.md §1.1).
+the closed-form serving model and the simulator apply (papers/research/theory.md §1.1).
 
 Per step the scheduler serves running requests first (one token per decode, then in-flight
 prefill chunks), then admits waiting ones, each prefill taking

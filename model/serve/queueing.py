@@ -1,4 +1,4 @@
-"""Queueing formulas the closed-form serving model uses (research/theory.md §6), each a pure
+"""Queueing formulas the closed-form serving model uses (papers/research/theory.md §6), each a pure
 function. Sources: Pollaczek-Khinchine and Kingman (G/G/1) [S26][S28]; shot-noise (Campbell)
 moments for Poisson-started work seen through a window (derived: §6 + standard Campbell theorem).
 """

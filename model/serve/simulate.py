@@ -1,4 +1,4 @@
-"""Discrete-event oracle: the engine policy applied step by step (research/theory.md §1.1).
+"""Discrete-event oracle: the engine policy applied step by step (papers/research/theory.md §1.1).
 
 Each engine step the scheduler (per DP rank) gives one token to every decoding request, then
 prefill chunks to in-flight prefills in arrival order, then admits waiting requests while the

@@ -38,7 +38,7 @@ from model.specs.workload import (
     workload_from_dict,
 )
 
-# reference step models (affine, so both sides see identical step times; research/theory.md
+# reference step models (affine, so both sides see identical step times; papers/research/theory.md
 # §1.1): a fixed-length one with prefill attention cost, and the AgentX one of the notebook
 SM_FIXED = AffineStepModel(a=0.012, b=3e-5, c=1e-4, d=1.5e-9, e=2e-10)
 SM_AGENTX = AffineStepModel(a=0.008, b=3e-5, c=5e-5, d=1e-9, e=2e-10)
