@@ -75,6 +75,20 @@ def test_finite_source_wait_drains_the_idle_pool_over_a_busy_period():
     assert float(np.sum(pmf * np.arange(4096) * 0.01)) == pytest.approx(1.916, rel=3e-3)
 
 
+def test_finite_source_wait_stays_a_law_when_the_queue_runs_deep():
+    # 40-second services against 0.5 s gaps at X = 0.5/s: a busy period's pool arrives within
+    # its first job, hundreds of arrivals per job (Poisson means past 700, where e^-mu
+    # underflows). Offered load X E[S] = 20 >> 1, so an arrival finds the server busy all but
+    # always (P(busy) -> 1 as rho grows; papers/research/theory.md §6), and the wait law stays a
+    # law: finite, non-negative, of total mass one
+    from model.serve.finite_source import finite_source_wait_pmf
+
+    pmf, busy = finite_source_wait_pmf(np.full(100, 40.0), 0.05, 8192, np.full(100, 0.5), 0.5)
+    assert busy > 0.99
+    assert np.isfinite(pmf).all() and (pmf >= 0).all()
+    assert float(pmf.sum()) == pytest.approx(1.0, abs=1e-9)
+
+
 def test_sessions_decoding_at_a_busy_periods_start_arrive_after_their_decode_and_a_gap():
     # Each decode 6 s long, so the rest D of one in progress is uniform on [0, 6]; gaps 1 s:
     # P(D + Z < 4 s) = P(D < 3) = 0.5, P(D + Z < 7 s) = 1

@@ -328,7 +328,7 @@ def _decode_batch_root(state, step0, top, top_step, fixed, steps_per_token, idle
 def _tagged_shift(table: StepTable, b, lanes, which, base):
     """What the decode step a decoding request sees adds to the mean batch's: itself plus the
     others decoding, b + 1 - b / lanes in all (Palm expectation over a closed loop of `lanes`
-    sessions; model.serve.engine._tagged_decode_step is the same correction in the full closed form).
+    sessions; model.serve.tpot_law.decode_step_seen_s is the same correction in the full tier).
     It matters at light load, where the time-average batch b counts idle time. `base`: the
     caller's decode step at b (table.decode(b)), already looked up."""
     b = np.asarray(b, float)

@@ -154,6 +154,17 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         cache = deployment_cache(step_model, workload, live_sessions(workload, load, seed),
                                  cache_policy, cache_tiers, prefetch_reload)
     eng = _engine(step_model, workload, policy, load, dp, hit_rate, mix_size, seed, cache)
+    try:
+        return _solved(eng, load, dp, policy, cache, slo_p90_interactivity, slo_ttft_s)
+    except (np.linalg.LinAlgError, FloatingPointError) as err:
+        # a singular chain or a fixed point that will not settle: a stated result, no number
+        return _unstable(f"unstable: the queue solver failed ({err})", eng.sample.hit_rate,
+                         policy)
+
+
+def _solved(eng: RankEngine, load: Load, dp: int, policy: EnginePolicy, cache,
+            slo_p90_interactivity: float | None, slo_ttft_s: float | None) -> ServingResult:
+    """The solved state and its laws (see `serve`)."""
     hit = eng.sample.hit_rate
     n_rank = load.concurrency / dp if isinstance(load, ClosedLoop) else None
     if n_rank is not None:
@@ -169,6 +180,9 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     if reason:
         return _unstable(reason, hit, policy)
     result = _laws(eng, st, x, n_rank, admit_wait, load, slo_p90_interactivity, slo_ttft_s)
+    if np.isnan([result["tpgs"], *result["ttft_s"].values(), *result["tpot_s"].values()]).any():
+        return _unstable("unstable: the closed form gave NaN for TPGS or a percentile", hit,
+                         policy)
     return ServingResult(**result, hit_rate=float(hit), bounded_by=bounded,
                          policy=policy.as_dict(), cache=cache.summary() if cache else None,
                          mean_reload_s=eng.mean_reload_s)

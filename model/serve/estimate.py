@@ -219,7 +219,7 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
     (k_wave,), (n_wave,), (m_wave,) = pre.step_parts(
         [wave_tokens * dp], isl, 0.0, 0.0, [max(wave_tokens / new, 1.0) * dp])
     kv_bytes = float(dec.kv_bytes_per_seq_per_gpu(isl)) * dec.plan.attention_gpus
-    bw = getattr(pre.hw, "scale_out_bandwidth_bytes_per_s", 50e9) * pre.gpus
+    bw = pre.hw.scale_out_bandwidth_bytes_per_s * pre.gpus
     steps = {"decode": decode, "wave": (k_wave, n_wave, m_wave), "one": (k_one, n_one, m_one)}
     return _components(steps, new, wave_tokens, chunk, per_server, {
         "running_seqs": float(running), "concurrency": float(concurrency),

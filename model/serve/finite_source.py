@@ -18,6 +18,7 @@ q follows a Markov chain over job starts (`_queue_seen`)."""
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import gammaln, xlogy
 
 from model.serve.queueing import expected_min, mg1_wait_pmf, residual_mass, split_bins
 
@@ -30,6 +31,9 @@ SERVICE_GROUPS = 64  # groups of the service sample in the chain (`finite_source
 # AgentX (its quantiles moved under 0.5% against 2**18 cells, at a quarter of the time)
 LAW_CELLS = 2**16
 BOOST_ITERATIONS = 30  # at most; the pool's fixed point usually settles in 3-5
+# queue lengths the job-start chain tells apart (`_queue_seen`): its arrays grow as their square
+# times SERVICE_GROUPS, 256 of them about 34 MB each; deeper queues share the top state
+QUEUE_STATES = 256
 
 
 def fcfs_wait_pmf(service_s, rho: float, dt: float, n: int, gaps_s=None,
@@ -131,15 +135,14 @@ def _queue_seen(s_g, w_g, lam, edges) -> tuple[np.ndarray, float]:
     the elapsed time by which q + 1 arrivals were due. A job of service S brings K ~
     Poisson(Λ(a + S) - Λ(a)) arrivals; the next job starts with q + K - 1 waiting, or opens
     the next busy period when none is."""
-    top = int(np.ceil(lam[-1])) + 2
+    top = min(int(np.ceil(lam[-1])) + 2, QUEUE_STATES)
     ages = np.r_[0.0, np.interp(np.arange(1, top + 2), lam, edges)]
     q_of = np.r_[0, np.arange(top + 1)]
     mu = np.interp(ages[:, None] + s_g[None, :], edges, lam) - np.interp(ages, edges, lam)[:, None]
     k = np.arange(top + 3)
-    # Poisson pmf by its recurrence p(k) = p(k - 1) mu / k
-    ratio = mu[:, :, None] / np.maximum(k[1:], 1)[None, None, :]
-    pois = np.exp(-mu)[:, :, None] * np.concatenate(
-        [np.ones(mu.shape + (1,)), np.cumprod(ratio, axis=2)], axis=2)
+    # Poisson pmf in logs: a recurrence p(k) = p(k - 1) mu / k overflows where mu runs into
+    # the hundreds (a saturated rank), and e^-mu times it is then NaN
+    pois = np.exp(xlogy(k, mu[:, :, None]) - mu[:, :, None] - gammaln(k + 1.0))
     pk = np.einsum("sgk,g->sk", pois, w_g)
     nxt = q_of[:, None] + k[None, :] - 1
     dest = np.where(nxt < 0, 0, 1 + np.minimum(nxt, top))

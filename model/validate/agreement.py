@@ -302,7 +302,7 @@ PREFACE = (
     "ranks and cold prefills of up to 850K tokens; the `n768` / `n1024` ones drive the "
     "threshold engine to saturation, where prompts queue for the slots its budget holds. A "
     "simulated lane starts in a session drawn in proportion to its turns (the steady state). "
-    "What the closed form models (model.serve.engine, model.serve.tails, model.serve.lockstep, "
+    "What the closed form models (model.serve.engine with its queue laws, model.serve.lockstep, "
     "model.serve.finite_source, model.serve.slot_queue): the FCFS prefill queue "
     "(Pollaczek-Khinchine for open arrivals; in a closed loop a finite source whose idle pool "
     "drains over a busy period) and, with a threshold, the wait for one of the slots its "
