@@ -23,7 +23,7 @@ import numpy as np
 
 from model.perf.ops import entry_elements, grouped_layers
 from model.specs.dtypes import dtype
-from model.specs.errors import Infeasible
+from model.specs.errors import Infeasible, ServecastError
 from model.specs.layers import Architecture, Attention, Layer, Linear
 
 
@@ -37,6 +37,13 @@ class ParallelPlan:
     pcp: int = 1
     dcp: int = 1
     sp: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "ep", "moe_tp", "pcp", "dcp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ServecastError(f"parallel plan: {name}: must be an integer >= 1, got "
+                                     f"{value!r}")
 
     @property
     def attention_gpus(self) -> int:

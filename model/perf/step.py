@@ -45,7 +45,7 @@ from model.perf.parallel import (
 )
 from model.specs.defaults import GPU_MEMORY_UTILIZATION
 from model.specs.dtypes import dtype as lookup_dtype
-from model.specs.errors import Infeasible
+from model.specs.errors import Infeasible, ServecastError
 from model.specs.layers import Architecture, Layer
 from model.specs.precision import with_precision
 
@@ -419,9 +419,25 @@ def build_step_model(arch: Architecture, hw, plan: ParallelPlan, precision: str 
     """Validate the plan and build the step model; raises Infeasible if the plan breaks a rule
     or the weights leave no KV cache. `factors`: the engine factors (default: the backend's
     stored ones, `model.perf.engine_factors`). Memoized: the same inputs give the same object."""
+    _check_speculation(spec_tokens, spec_acceptance, acceptance_length)
     return _build(arch, hw, plan, precision, kv_dtype, backend, spec_tokens, spec_acceptance,
                   factors or engine_factors(backend), check_fit, moe_precision, cross_domain_tp,
                   acceptance_length, spec_method)
+
+
+def _check_speculation(spec_tokens: int, spec_acceptance: float, acceptance_length: float
+                       ) -> None:
+    """Speculative decoding inputs within what they can mean: drafts >= 0, a per-position
+    acceptance in [0, 1], a mean acceptance length (tokens per verification step, the target's
+    own included) 0 (unset) or at least 1."""
+    if isinstance(spec_tokens, bool) or not isinstance(spec_tokens, (int, np.integer)) \
+            or spec_tokens < 0:
+        raise ServecastError(f"spec_tokens: must be an integer >= 0, got {spec_tokens!r}")
+    if not 0.0 <= spec_acceptance <= 1.0:
+        raise ServecastError(f"spec_acceptance: must be in [0, 1], got {spec_acceptance!r}")
+    if acceptance_length and not 1.0 <= acceptance_length < np.inf:
+        raise ServecastError(f"acceptance_length: must be 0 (unset) or a number >= 1 (above "
+                             f"1 + drafts it counts as 1 + drafts), got {acceptance_length!r}")
 
 
 @lru_cache(maxsize=256)

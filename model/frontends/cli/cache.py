@@ -103,7 +103,7 @@ def cache_cmd(
 def memory_cmd(
     arch: str = typer.Option(..., "--arch", help="architecture name, HF id or config path"),
     hardware: str = typer.Option(..., "--hardware", help="hardware name or alias"),
-    context_tokens: float = typer.Option(131072, "--context", help="tokens per sequence"),
+    context_tokens: float = typer.Option(131072, "--context", min=1, help="tokens per sequence"),
     tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1, dcp: int = 1,
     kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV cache dtype; the family's "
                                  "recipe when omitted"),

@@ -24,3 +24,10 @@ def emit(obj: dict[str, Any], as_json: bool) -> None:
     for key, value in plain(obj).items():
         shown = value if isinstance(value, (str, int, float)) or value is None else json.dumps(value)
         print(f"{key}: {shown}")
+
+
+def positive(value: float | None) -> float | None:
+    """Option callback: a rate, an SLO or a duration must be above zero (unset passes)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be > 0, got {value}")
+    return value

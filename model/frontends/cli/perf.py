@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
 def _plan(tp, pp, dp, ep, moe_tp, pcp=1, dcp=1, sp=False) -> ParallelPlan:
     """A plan from the command line; --moe-tp defaults to the GPUs of the stage not used by
     --ep."""
-    plan = ParallelPlan(tp=tp or 1, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1, pcp=pcp, dcp=dcp,
+    plan = ParallelPlan(tp=1 if tp is None else tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1, pcp=pcp, dcp=dcp,
                         sp=sp)
     if moe_tp is not None:
         return plan
@@ -40,9 +40,9 @@ def _plan(tp, pp, dp, ep, moe_tp, pcp=1, dcp=1, sp=False) -> ParallelPlan:
 def estimate_cmd(
     arch: str = typer.Option(..., "--arch", help="architecture slug, HF id or config.json"),
     hardware: str = typer.Option(..., "--hardware", help="hardware name or YAML path"),
-    isl: int = typer.Option(..., "--isl", help="input tokens per request"),
-    osl: int = typer.Option(..., "--osl", help="output tokens per request"),
-    concurrency: int = typer.Option(..., "--concurrency", help="concurrent clients (closed loop)"),
+    isl: int = typer.Option(..., "--isl", min=1, help="input tokens per request"),
+    osl: int = typer.Option(..., "--osl", min=1, help="output tokens per request"),
+    concurrency: int = typer.Option(..., "--concurrency", min=1, help="concurrent clients (closed loop)"),
     precision: str = typer.Option(None, "--precision", help="GEMM weight format (fp8, nvfp4, ...)"),
     moe_precision: str = typer.Option(None, "--moe-precision", help="expert weight format"),
     kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV cache format"),
@@ -50,12 +50,13 @@ def estimate_cmd(
     tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1, dcp: int = 1, pcp: int = 1,
     moe_tp: int = typer.Option(None, "--moe-tp", help="default: tp*dp*pcp/ep"),
     sp: bool = typer.Option(False, "--sp", help="sequence parallel norms (RS+AG for AR)"),
-    prefix: int = typer.Option(0, "--prefix", help="prompt tokens already in the prefix cache"),
+    prefix: int = typer.Option(0, "--prefix", min=0, help="prompt tokens already in the prefix cache"),
     prefill_tp: int | None = None, prefill_pp: int = 1, prefill_dp: int = 1, prefill_ep: int = 1,
     prefill_moe_tp: int | None = None, prefill_pcp: int = 1, prefill_workers: int | None = None,
     decode_tp: int | None = None, decode_pp: int = 1, decode_dp: int = 1, decode_ep: int = 1,
     decode_moe_tp: int | None = None, decode_dcp: int = 1, decode_workers: int | None = None,
-    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+    max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens",
+                                               min=1),
     arrival: str = typer.Option("benchmark", "--arrival", help=ARRIVAL_HELP),
     spec_tokens: int = typer.Option(0, "--spec-tokens",
                                     help="MTP / speculative tokens per decode step"),
@@ -92,7 +93,7 @@ def check_cmd(
     hardware: str = typer.Option(None, "--hardware", help="for JSON runs: the hardware"),
     model: str = typer.Option(None, "--model", help="for JSON runs: override model_id"),
     tp: int | None = None, pp: int | None = None, dp: int | None = None, ep: int | None = None,
-    concurrency: int = typer.Option(None, "--concurrency",
+    concurrency: int = typer.Option(None, "--concurrency", min=1,
                                     help="for JSON runs without max_concurrency"),
     precision: str = typer.Option(None, "--precision"),
     show_skipped: int = typer.Option(50, "--show-skipped",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from model.frontends.cli.output import emit
+from model.frontends.cli.output import emit, positive
 from model.plan.deployment import MODES
 from model.plan.planner import DEFAULT_API_MODEL, DEFAULT_SCENARIO
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
@@ -22,23 +22,23 @@ def register(app: typer.Typer) -> None:
         hardware: str = typer.Option(DEFAULT_SCENARIO["hardware"], "--hardware",
                                      help="Chip / system name or alias."),
         gpus: int | None = typer.Option(
-            None, "--gpus", help=f"GPU budget (default {DEFAULT_SCENARIO['gpus']}; with "
+            None, "--gpus", min=1, help=f"GPU budget (default {DEFAULT_SCENARIO['gpus']}; with "
             "--deployment, the deployment's own)."),
         workload: str = typer.Option(DEFAULT_SCENARIO["workload"], "--workload",
                                      help="Workload profile name or YAML path."),
         slo_p90_interactivity: float = typer.Option(
-            DEFAULT_SCENARIO["slo_p90_interactivity"], "--slo-p90-interactivity",
+            DEFAULT_SCENARIO["slo_p90_interactivity"], "--slo-p90-interactivity", callback=positive,
             help="Minimum P90 interactivity, tokens/s per user."),
         slo_p90_ttft: float | None = typer.Option(
-            None, "--slo-p90-ttft", help="Also require P90 TTFT at most this many seconds."),
+            None, "--slo-p90-ttft", callback=positive, help="Also require P90 TTFT at most this many seconds."),
         long_prefill_token_threshold: int | None = typer.Option(
-            None, "--long-prefill-token-threshold",
+            None, "--long-prefill-token-threshold", min=0,
             help="Fix vLLM's per-request prefill cap (0 = off); searched when omitted."),
         prefill_schedule_interval: int | None = typer.Option(
-            None, "--prefill-schedule-interval",
+            None, "--prefill-schedule-interval", min=1,
             help="Fix vLLM's prefill cadence (1 = every step); searched when omitted."),
         max_num_batched_tokens: int = typer.Option(
-            MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens",
+            MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens", min=1,
             help="Token budget per engine step and DP rank."),
         concurrency: str | None = typer.Option(
             None, "--concurrency", help="Fix the client sessions (closed-loop lanes), one number "

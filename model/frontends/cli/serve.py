@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from model.frontends.cli.output import emit
+from model.frontends.cli.output import emit, positive
 from model.perf.parallel import ParallelPlan
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
 from model.specs.errors import ServecastError
@@ -24,7 +24,7 @@ def workload_list(as_json: bool = typer.Option(False, "--json", help="print one 
 @workload_app.command("show")
 def workload_show(
     name: str = typer.Argument(..., help="profile name or path to a .yaml profile"),
-    sessions: int = typer.Option(2000, "--sessions", help="sessions drawn for the statistics"),
+    sessions: int = typer.Option(2000, "--sessions", min=1, help="sessions drawn for the statistics"),
     seed: int = typer.Option(0, "--seed"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
@@ -77,12 +77,12 @@ def register(app: typer.Typer) -> None:
         arch: str = typer.Option(..., "--arch", help="architecture slug, HF id or config.json"),
         hardware: str = typer.Option(..., "--hardware", help="hardware name or YAML path"),
         workload: str = typer.Option("agentx", "--workload", help="workload profile"),
-        concurrency: int = typer.Option(None, "--concurrency", help="sessions (closed loop)"),
+        concurrency: int = typer.Option(None, "--concurrency", min=1, help="sessions (closed loop)"),
         rate: float = typer.Option(None, "--rate", help="requests/s (open loop)"),
         interarrival_cv: float = typer.Option(None, "--interarrival-cv",
                                               help="open loop burstiness (default: profile/1)"),
         gap_cap_s: float = typer.Option(TURN_GAP_CAP_S, "--gap-cap-s", help="cap on tool/think gaps"),
-        hit_rate: float = typer.Option(None, "--hit-rate", help="prefix-cache hit (default: "
+        hit_rate: float = typer.Option(None, "--hit-rate", min=0.0, max=1.0, help="prefix-cache hit (default: "
                                        "model.serve.cache_model for this replica's tiers)"),
         cache_policy: str = typer.Option("lru", "--cache-policy",
                                          help="lru | interval | second-hit"),
@@ -92,36 +92,37 @@ def register(app: typer.Typer) -> None:
                                              "hits up during the tool/think gap"),
         infinite_cache: bool = typer.Option(False, "--infinite-cache",
                                             help="use the profile's infinite-cache hit"),
-        long_prefill_token_threshold: int = typer.Option(0, "--long-prefill-token-threshold",
+        long_prefill_token_threshold: int = typer.Option(0, "--long-prefill-token-threshold", min=0,
                                                          help="0 = off (vLLM)"),
-        max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens"),
-        max_num_seqs: int = typer.Option(MAX_NUM_SEQS, "--max-num-seqs"),
-        prefill_schedule_interval: int = typer.Option(1, "--prefill-schedule-interval"),
+        max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens",
+                                                min=1),
+        max_num_seqs: int = typer.Option(MAX_NUM_SEQS, "--max-num-seqs", min=1),
+        prefill_schedule_interval: int = typer.Option(1, "--prefill-schedule-interval", min=1),
         slo_p90_interactivity: float = typer.Option(
-            None, "--slo-p90-interactivity", help="also say whether P90 interactivity (tok/s "
-            "per user) reaches this"),
+            None, "--slo-p90-interactivity", callback=positive,
+            help="also say whether P90 interactivity (tok/s per user) reaches this"),
         precision: str = typer.Option(None, "--precision"),
         kv_dtype: str = typer.Option(None, "--kv-dtype"),
         tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"),
         dp: int = typer.Option(1, "--dp"), ep: int = typer.Option(1, "--ep"),
         moe_tp: int = typer.Option(None, "--moe-tp"),
         dcp: int = typer.Option(1, "--dcp"), pcp: int = typer.Option(1, "--pcp"),
-        spec_tokens: int = typer.Option(0, "--spec-tokens", help="MTP draft tokens per step"),
-        spec_acceptance: float = typer.Option(0.0, "--spec-acceptance",
+        spec_tokens: int = typer.Option(0, "--spec-tokens", min=0, help="MTP draft tokens per step"),
+        spec_acceptance: float = typer.Option(0.0, "--spec-acceptance", min=0.0, max=1.0,
                                               help="per-position draft acceptance rate"),
         deployment: str = typer.Option(
             None, "--deployment", help="a whole deployment instead of one replica of the "
             "--tp/--dp/... plan: a replica plan (dp8-ep8, tp4; replicas from --gpus), "
             "Rx[plan] (2x[tp4]) or xP[plan]yD[plan] (1P[dp4-ep4]1D[dp8-ep8]); load, cache and "
             "engine flags apply to it as a whole"),
-        gpus: int = typer.Option(None, "--gpus", help="with --deployment: GPUs of the whole "
+        gpus: int = typer.Option(None, "--gpus", min=1, help="with --deployment: GPUs of the whole "
                                  "deployment (replicas of a bare plan follow it)"),
         prefill_hardware: str = typer.Option(None, "--prefill-hardware", help="with "
                                              "--deployment: the prefill workers' chip"),
         recipe: bool = typer.Option(True, "--recipe/--no-recipe", help="fill the precision, KV "
                                     "dtype and speculative decoding left unset from the "
                                     "family's recipe (data/deployments/), as plan does"),
-        simulate_s: float = typer.Option(0.0, "--simulate-s", help="also run the discrete-event "
+        simulate_s: float = typer.Option(0.0, "--simulate-s", min=0.0, help="also run the discrete-event "
                                          "oracle for this many simulated seconds"),
         seed: int = typer.Option(0, "--seed"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),

@@ -1,0 +1,58 @@
+"""Impossible command-line inputs get one error line naming the flag or field and what it
+allows, and exit 2 (the CLI's user-error exit, model.frontends.cli.main); never a traceback and
+never a number. The cases are the ones a hostile user tried: each used to answer with an
+impossible number (negative TTFT, a TPOT of 0.23 us, a padding fraction of 4.7e16) or to accept
+an impossible plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.frontends.cli import main
+
+EST = ["estimate", "--arch", "minimax-m3", "--hardware", "b300", "--isl", "1000", "--osl", "100",
+       "--concurrency", "4"]
+SERVE = ["serve", "--arch", "minimax-m3", "--hardware", "b300", "--tp", "4", "--workload",
+         "agentx-v1", "--concurrency", "4"]
+MEMORY = ["memory", "--arch", "minimax-m3", "--hardware", "b300"]
+
+CASES = [
+    (EST + ["--max-num-batched-tokens", "-1"], "--max-num-batched-tokens"),
+    (EST + ["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (EST + ["--tp", "0"], "tp"),
+    (EST + ["--tp", "-2"], "tp"),
+    (EST + ["--pp", "0"], "pp"),
+    (EST + ["--ep", "-1"], "ep"),
+    (EST[:-1] + ["0"], "--concurrency"),
+    (EST[:5] + ["--isl", "0", "--osl", "100", "--concurrency", "4"], "--isl"),
+    (EST[:5] + ["--isl", "100", "--osl", "-5", "--concurrency", "4"], "--osl"),
+    (EST + ["--prefix", "-1"], "--prefix"),
+    (EST + ["--spec-tokens", "3", "--spec-acceptance", "1.5"], "spec"),
+    (SERVE + ["--spec-tokens", "3", "--spec-acceptance", "50"], "--spec-acceptance"),
+    (SERVE + ["--spec-tokens", "-1"], "--spec-tokens"),
+    (SERVE[:-1] + ["0"], "--concurrency"),
+    (SERVE + ["--max-num-seqs", "0"], "--max-num-seqs"),
+    (SERVE + ["--prefill-schedule-interval", "0"], "--prefill-schedule-interval"),
+    (SERVE + ["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold"),
+    (SERVE + ["--hit-rate", "1.5"], "--hit-rate"),
+    (SERVE + ["--slo-p90-interactivity", "0"], "--slo-p90-interactivity"),
+    (["plan", "--slo-p90-interactivity", "-10"], "--slo-p90-interactivity"),
+    (["plan", "--slo-p90-ttft", "0"], "--slo-p90-ttft"),
+    (["plan", "--gpus", "0"], "--gpus"),
+    (["plan", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (["plan", "--prefill-schedule-interval", "0"], "--prefill-schedule-interval"),
+    (MEMORY + ["--context", "-100"], "--context"),
+    (MEMORY + ["--tp", "0"], "tp"),
+    (["kv", "minimax-m3", "--context", "0"], "--context"),
+]
+
+
+@pytest.mark.parametrize("argv, names", CASES, ids=[" ".join(c[0][-2:]) for c in CASES])
+def test_an_impossible_input_is_one_error_line_and_exit_2(argv, names, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servecast: error: "), err
+    assert names in lines[0] and "Traceback" not in err
