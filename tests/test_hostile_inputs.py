@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from model import ROOT
 from model.frontends.cli import main
 
 EST = ["estimate", "--arch", "minimax-m3", "--hardware", "b300", "--isl", "1000", "--osl", "100",
@@ -56,3 +57,29 @@ def test_an_impossible_input_is_one_error_line_and_exit_2(argv, names, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("servecast: error: "), err
     assert names in lines[0] and "Traceback" not in err
+
+
+BINARY = bytes(range(256)) * 8  # not UTF-8 text
+HEADER = (ROOT / "data" / "calibration" / "e2e_measured.csv").read_bytes().split(b"\n")[0] + b"\n"
+FILES = [
+    ("check", "empty.csv", b"", "not a readable CSV"),
+    ("check", "header_only.csv", HEADER, "no rows"),
+    ("check", "binary.csv", BINARY, "not a readable CSV"),
+    ("cache", "binary.json", BINARY, "not readable AgentX JSON"),
+    ("cache", "binary.jsonl", BINARY, "not readable JSONL"),
+    ("cache", "binary.csv", BINARY, "not readable"),
+    ("cache", "list.json", b"[1, 2]", "requests"),
+]
+
+
+@pytest.mark.parametrize("command, name, content, says", FILES, ids=[f[1] for f in FILES])
+def test_an_unreadable_input_file_is_one_error_line_naming_it(command, name, content, says,
+                                                              tmp_path, capsys):
+    path = tmp_path / name
+    path.write_bytes(content)
+    code = main([command, str(path), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"servecast: error: {path}"), err
+    assert says in lines[0]

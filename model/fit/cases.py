@@ -183,11 +183,18 @@ def _concurrency(row) -> int:
 def cases_from_csv(path: Path) -> list[Case]:
     need = {"model_path", "system", "backend", "mode", "isl", "osl", "silicon_ttft_ms",
             "silicon_tpot_ms"}
-    df = pd.read_csv(path)
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise ServecastError(f"{path}: not a readable CSV ({type(err).__name__}); expected the "
+                             f"calibration CSV format (e2e_measured.csv)") from None
     missing = need - set(df.columns)
     if missing:
         raise ServecastError(f"{path}: missing columns {', '.join(sorted(missing))}; expected the "
                              f"calibration CSV format (e2e_measured.csv)")
+    if df.empty:
+        raise ServecastError(f"{path}: no rows under the header; expected at least one measured "
+                             f"configuration")
     out = []
     for i, row in enumerate(df.to_dict("records")):
         disagg = None

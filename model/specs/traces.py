@@ -128,7 +128,7 @@ def load_agentx(path: str | Path) -> list[Session]:
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise SpecError(path, "(file)", f"not readable AgentX JSON: {err}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise SpecError(path, "requests", "missing: an AgentX trace is an object with a `requests` list")
@@ -173,7 +173,7 @@ def _jsonl(path: Path) -> list[tuple[int, dict]]:
     rows = []
     try:
         lines = path.read_text().splitlines()
-    except OSError as err:
+    except (OSError, UnicodeDecodeError) as err:
         raise SpecError(path, "(file)", f"not readable: {err}") from None
     for n, line in enumerate(lines, start=1):
         if not line.strip():
@@ -216,7 +216,7 @@ def load_azure(path: str | Path) -> list[Session]:
     try:
         with path.open(newline="") as handle:
             rows = list(csv.DictReader(handle))
-    except OSError as err:
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise SpecError(path, "(file)", f"not readable: {err}") from None
     needed = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
     if rows and any(k not in rows[0] for k in needed):
@@ -334,7 +334,7 @@ def detect_format(path: Path) -> str:
             with path.open() as handle:
                 first = next((line for line in handle if line.strip()), "")
             obj = json.loads(first) if first else {}
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise SpecError(path, "(file)", f"not readable JSONL: {err}") from None
         if "hash_ids" in obj and "input_length" in obj:
             return "mooncake"
