@@ -116,6 +116,7 @@ def test_scenarios_are_the_cartesian_product(tmp_path):
     ({"notebook": str(TINY), "parameters": {"x": 1}, "grid": {"x": [2]}}, "grid.x",
      "also set under parameters"),
     ({"notebook": "no-such-notebook", "grid": {}}, "notebook", "unknown notebook"),
+    ({"notebook": "../../../etc/passwd", "grid": {"x": [1]}}, "notebook", "jupytext .py"),
 ])
 def test_grid_errors_name_file_and_key(tmp_path, body, key, message):
     path = tmp_path / "bad.yaml"
@@ -309,3 +310,23 @@ def test_live_kernels_kill_their_process_group_and_files(tmp_path):
     assert process.poll() is not None
     assert not connection.exists() and not any(s.exists() for s in sockets)
     kernels.kill_all()  # nothing left to reap
+
+
+def test_out_that_is_a_file_is_a_user_error(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    with pytest.raises(ServecastError, match="an existing file"):
+        run_batch(write_grid(tmp_path, {"x": [2]}, {"y": 3}), taken, workers=1, progress=False)
+
+
+def test_a_truncated_headline_reruns_that_scenario_only(tmp_path):
+    # an interrupted write can leave headline.json cut short beside its completion marker: the
+    # rerun must take that scenario as unfinished (and rerun it), not crash the batch
+    out = tmp_path / "out"
+    grid = write_grid(tmp_path, {"x": [2, 3]}, {"y": 3})
+    run_batch(grid, out, workers=1, progress=False)
+    cut = out / "scenarios" / "x=2" / "headline.json"
+    cut.write_text(cut.read_text()[:5])
+    again = run_batch(grid, out, workers=1, progress=False)
+    assert (again.succeeded, again.failed, again.skipped) == (2, 0, 1)
+    assert again.summary.set_index("scenario").loc["x=2", "product"] == 6  # 2 * 3, rerun

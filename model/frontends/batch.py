@@ -147,6 +147,9 @@ def resolve_notebook(spec: str, base: Path) -> Path:
     if not isinstance(spec, str) or not spec:
         raise ServecastError("notebook must be a notebook name or path")
     if spec.endswith((".py", ".ipynb")) or "/" in spec:
+        if not spec.endswith((".py", ".ipynb")):
+            raise ServecastError(f"notebook {spec!r}: a path must name a jupytext .py or an "
+                                 f".ipynb file")
         for candidate in (base / spec, ROOT / spec, Path(spec)):
             if candidate.is_file():
                 return candidate.resolve()
@@ -244,13 +247,16 @@ def _kernel_start_failure(err: BaseException) -> bool:
 
 
 def is_finished(folder: Path, parameters: dict[str, Any]) -> bool:
-    """Finished = headline.json plus a completion marker recording these same parameters."""
+    """Finished = a readable headline.json object plus a completion marker recording these same
+    parameters; anything unreadable or partial (a truncated file) is unfinished and reruns."""
     marker, headline = folder / DONE, folder / HEADLINE
     if not (marker.is_file() and headline.is_file()):
         return False
     try:
         recorded = json.loads(marker.read_text()).get("parameters")
-    except (json.JSONDecodeError, AttributeError):
+        if not isinstance(json.loads(headline.read_text()), dict):
+            return False
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
         return False
     return recorded == _plain(parameters)
 
@@ -326,6 +332,12 @@ def run_batch(grid_path: str | Path, out_dir: str | Path, workers: int | None = 
 def _run_batch(grid_path, out_dir, workers, scheduler, progress, timeout_s) -> BatchResult:
     grid = load_grid(grid_path)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ServecastError(f"--out {out}: an existing file; give a folder (new or a batch's)")
+    try:
+        (out / SCENARIOS_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ServecastError(f"--out {out}: cannot create the folder ({err.strerror})") from None
     scenarios = grid.scenarios()
     folders = {s.id: out / SCENARIOS_DIR / s.id for s in scenarios}
     results: dict[str, dict[str, Any]] = {}
