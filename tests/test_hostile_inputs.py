@@ -83,3 +83,38 @@ def test_an_unreadable_input_file_is_one_error_line_naming_it(command, name, con
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"servecast: error: {path}"), err
     assert says in lines[0]
+
+
+def _config_mutations():
+    """Every integer field a real config.json states, set to what no model has: negative, not a
+    number, fractional, a boolean, and zero where the field is a size or count."""
+    import json
+
+    from model.specs.families.common import INT_KEYS, POSITIVE_KEYS
+
+    out = []
+    for name in ("llama-3.1-70b", "deepseek-v3", "mixtral-8x7b"):
+        cfg = json.loads((ROOT / "data" / "architectures" / f"{name}.json").read_text())
+        for key in sorted(k for k in cfg if k in INT_KEYS):
+            bad = [-1, "eight", 2.5, True] + ([0] if key in POSITIVE_KEYS else [])
+            out += [(name, key, value) for value in bad]
+    return out
+
+
+MUTATIONS = _config_mutations()
+
+
+@pytest.mark.parametrize("name, key, value", MUTATIONS,
+                         ids=[f"{n}:{k}={v!r}" for n, k, v in MUTATIONS])
+def test_a_mutated_config_json_is_refused_naming_its_field(name, key, value, tmp_path, capsys):
+    import json
+
+    cfg = json.loads((ROOT / "data" / "architectures" / f"{name}.json").read_text())
+    cfg[key] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code = main(["arch", "show", str(path), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"servecast: error: {path}: {key}: "), err

@@ -43,6 +43,15 @@ INT_KEYS = frozenset({
     "intermediate_size_mlp", "interleave_moe_layer_step", "decoder_sparse_step",
 })
 
+# sizes and counts a model cannot have zero of (where the config states them): a zero here
+# would price a model with no parameters, or read as unset and multiply the KV
+POSITIVE_KEYS = frozenset({
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "moe_intermediate_size", "vocab_size", "n_routed_experts", "num_experts",
+    "num_local_experts", "num_experts_per_tok", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
+    "max_position_embeddings",
+})
+
 
 @dataclass(frozen=True)
 class Builder:
@@ -54,6 +63,13 @@ class Builder:
     quant: QuantScheme
     layer_prefix: str = "layers"
     mtp_prefix: str | None = None  # V4 names MTP modules `mtp.K.*` after num_hidden_layers
+
+    def __post_init__(self) -> None:
+        # every integer field the config states is checked, read by this family or not: a
+        # config with an impossible value anywhere is refused, not half-read
+        for key in sorted(INT_KEYS & set(self.cfg)):
+            if self.cfg[key] is not None:
+                self._checked(key, self.cfg[key])
 
     def need(self, *keys: str) -> None:
         missing = [k for k in keys if self.cfg.get(k) is None]
@@ -73,6 +89,8 @@ class Builder:
     def _checked(self, key: str, value: Any) -> Any:
         if key in INT_KEYS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise SpecError(self.path, key, f"must be a non-negative integer; got {value!r}")
+        if key in POSITIVE_KEYS and value < 1:
+            raise SpecError(self.path, key, f"must be an integer >= 1; got {value!r}")
         return value
 
     def module(self, layer: int, local: str) -> str:
