@@ -76,15 +76,14 @@ def test_kimi_k3_b300_aggregated_sweep_from_24_sessions():
     # 1.9-3.8 s). Its experts are weight-only MXFP4 and run at the BF16 rate (mxfp4_w4a16):
     # TPGS within 10% of every run (the full tier: -8% to -2%) and P90 interactivity within
     # 25% (-7% to +12%). P90 TTFT: the full tier's FCFS prefill queue (a finite source per rank)
-    # waits longer than the engine at these loads, +65% to +112%. At 40 sessions serve() stops
-    # on a NaN in the finite-source wait law: the run carries that reason, not a number.
+    # waits longer than the engine at these loads, +65% to +128%.
     runs = load_runs()
     runs = runs[(runs.model == "kimik3") & (runs.hardware == "b300") & (runs.conc >= 24)]
     group = next(g for g in load_groups() if g["model"] == "kimik3" and g["hardware"] == "b300")
     table, _ = predict(runs, [group | {"conc": sorted(set(runs.conc))}])
     assert len(table) == 6
     served = table[table.skip_reason == ""]
-    assert len(served) >= 5
+    assert len(served) == 6
     assert served.tpgs_err.abs().max() < 0.10
     assert served.p90_interactivity_err.abs().max() < 0.25
-    assert served.p90_ttft_err.between(0.0, 1.25).all()
+    assert served.p90_ttft_err.between(0.0, 1.30).all()

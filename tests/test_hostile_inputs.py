@@ -44,7 +44,6 @@ CASES = [
     (["plan", "--prefill-schedule-interval", "0"], "--prefill-schedule-interval"),
     (MEMORY + ["--context", "-100"], "--context"),
     (MEMORY + ["--tp", "0"], "tp"),
-    (["kv", "minimax-m3", "--context", "0"], "--context"),
 ]
 
 

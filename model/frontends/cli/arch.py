@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("kv")
     def kv_cmd(arch: str = typer.Argument(..., help="slug, HF id, alias or config.json path"),
-               context: int = typer.Option(..., "--context", min=1, help="tokens in the cache"),
+               context: int = typer.Option(..., "--context", help="tokens in the cache"),
                kv_dtype: str = typer.Option(None, "--kv-dtype", help="bf16, fp8, ..."),
                block_size: int = typer.Option(None, "--block-size", help="paged block tokens"),
                state_dtype: str = typer.Option("fp32", "--state-dtype",
