@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model.perf.engine_factors import load_loop_factors
 from model.perf.parallel import ParallelPlan
@@ -176,3 +178,20 @@ def test_engine_config_reaches_the_closed_loop(llama70b, h200):
     t = loop_terms(comp, load_loop_factors("sglang"))
     assert float(t["admission_s"]) == pytest.approx(14.5 * float(t["decode_step_s"]))
     assert slow["ttft_ms"] > base["ttft_ms"] + 0.5 * float(t["admission_s"]) * 1e3
+
+
+@settings(max_examples=40, deadline=None)
+@given(isl=st.integers(16, 60_000), osl=st.integers(2, 20_000),
+       concurrency=st.integers(1, 1024), tp=st.sampled_from([1, 2, 4]),
+       chip=st.sampled_from(["h100-sxm", "h200-sxm", "b200"]))
+def test_a_feasible_estimate_never_reports_more_memory_than_the_chip_has(isl, osl, concurrency,
+                                                                       tp, chip):
+    # Llama 3.1 70B FP8 (config.json, 70.6B parameters): whatever the lengths and the load, a
+    # deployment called feasible fits its chip's HBM (hardware/*.yaml hbm_capacity_usable);
+    # engines admit on the blocks a sequence holds, so the running sequences fill at most the
+    # KV pool left after the weights
+    hw = load_hardware(chip)
+    out = estimate(load_architecture("llama-3.1-70b"), hw, ParallelPlan(tp=tp), isl, osl,
+                   concurrency, precision="fp8")
+    if out["feasible"]:
+        assert out["memory_bytes_per_gpu"] <= hw.hbm_bytes

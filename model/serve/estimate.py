@@ -260,7 +260,9 @@ def aggregated(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_token
     comp = agg_components(sm, isl, osl, concurrency, prefix_tokens, max_num_batched_tokens,
                           protocol, engine)
     ttft, tpot, x = _run(comp, sm, arrival)
-    memory = float(sm.memory_bytes_per_gpu(comp["running_seqs"], isl + osl))
+    # at the occupancy admission counts (`_kv_limit`: prompt + half the output), which the
+    # running sequences fill at most; at their full length they would overstate the pool
+    memory = float(sm.memory_bytes_per_gpu(comp["running_seqs"], isl + osl / 2.0))
     return _result(ttft, tpot, x, isl, osl, sm.gpus, memory,
                    {"kv_capacity_tokens": comp["max_running_seqs"] * (isl + osl),
                     "running_seqs": comp["running_seqs"], "mode": "aggregated", "arrival": arrival,
@@ -279,7 +281,7 @@ def disaggregated(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: int,
     n_pre, n_dec = int(comp["prefill_workers"]), int(comp["decode_workers"])
     gpus = pre.gpus * n_pre + dec.gpus * n_dec
     memory = max(float(pre.memory_bytes_per_gpu(1, isl)),
-                 float(dec.memory_bytes_per_gpu(comp["running_seqs"] / n_dec, isl + osl)))
+                 float(dec.memory_bytes_per_gpu(comp["running_seqs"] / n_dec, isl + osl / 2.0)))
     return _result(ttft, tpot, x, isl, osl, gpus, memory,
                    {"mode": "disaggregated", "arrival": arrival,
                     "kv_transfer_ms": comp["kv_transfer_s"] * 1e3, "prefill_plan": pre.plan.label(),
