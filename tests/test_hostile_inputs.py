@@ -117,3 +117,24 @@ def test_a_mutated_config_json_is_refused_naming_its_field(name, key, value, tmp
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"servecast: error: {path}: {key}: "), err
+
+
+@pytest.mark.parametrize("column, value", [("isl", "abc"), ("osl", "-3"), ("tp_size", "0"),
+                                           ("pp_size", "1.5"), ("silicon_ttft_ms", "fast"),
+                                           ("silicon_tpot_ms", "0")])
+def test_check_counts_an_unreadable_row_as_skipped_and_says_why(column, value, tmp_path):
+    # the first two aggregated rows of the calibration CSV, the second with one bad cell: the
+    # first is still scored, the second is skipped with its column named, never read as 1
+    import pandas as pd
+
+    from model.validate.check import check
+
+    rows = pd.read_csv(ROOT / "data" / "calibration" / "e2e_measured.csv")
+    rows = rows[rows["mode"] != "disagg"].head(2).astype(object)
+    rows.iloc[1, rows.columns.get_loc(column)] = value
+    path = tmp_path / "rows.csv"
+    rows.to_csv(path, index=False)
+    out = check(path)
+    assert (out["rows"], out["predicted"]) == (2, 1)
+    (skipped,) = out["skipped"]
+    assert skipped["reason"].startswith(f"unreadable row: {column}: must be")

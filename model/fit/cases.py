@@ -78,6 +78,7 @@ class Case:
     tpot_ms: float
     protocol: Protocol = Protocol()
     engine: EngineConfig = EngineConfig()
+    unreadable: str = ""  # why the row cannot be scored (a bad cell), or ""
 
 
 # Benchmark protocol by provenance (see the module docstring): first match in the source wins
@@ -164,10 +165,42 @@ def _int(v, default=1) -> int:
     return default if math.isnan(f) or f == 0 else int(round(f))
 
 
+class BadCell(ValueError):
+    """A CSV cell the row cannot be scored with: its column and what it allows."""
+
+
+def _count(row, key: str, blank: int | None = None) -> int:
+    """A positive whole number from a CSV cell; a blank cell is `blank` (None: not allowed)."""
+    v = row.get(key)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise BadCell(f"{key}: must be a whole number >= 1, got {v!r}") from None
+    if math.isnan(f) and blank is not None:
+        return blank
+    if math.isnan(f) or f < 1 or f != round(f):
+        raise BadCell(f"{key}: must be a whole number >= 1, got {v!r}")
+    return int(f)
+
+
+def _time_ms(row, key: str) -> float:
+    v = row.get(key)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = float("nan")
+    if not f > 0 or math.isinf(f):
+        raise BadCell(f"{key}: must be a time in ms > 0, got {v!r}")
+    return f
+
+
 def _plan(row, prefix: str = "") -> ParallelPlan:
-    g = lambda k: _int(row.get(f"{prefix}{k}"))  # noqa: E731
+    """The row's plan: attention degrees blank where not used (1), never 0; the MoE degrees 0
+    or blank on dense models (1)."""
+    g = lambda k: _count(row, f"{prefix}{k}", blank=1)  # noqa: E731
+    m = lambda k: _int(row.get(f"{prefix}{k}"))  # noqa: E731
     return ParallelPlan(tp=g("tp_size"), pp=g("pp_size"), dp=g("attention_dp_size"),
-                        moe_tp=g("moe_tp_size"), ep=g("moe_ep_size"))
+                        moe_tp=m("moe_tp_size"), ep=m("moe_ep_size"))
 
 
 def _concurrency(row) -> int:
@@ -197,22 +230,32 @@ def cases_from_csv(path: Path) -> list[Case]:
                              f"configuration")
     out = []
     for i, row in enumerate(df.to_dict("records")):
-        disagg = None
-        plan = None
-        if row["mode"] == "disagg":
-            disagg = Disagg(_plan(row, "prefill_"), _plan(row, "decode_"),
-                            _workers(row.get("prefill_num_workers")),
-                            _workers(row.get("decode_num_workers")))
-        else:
-            plan = _plan(row)
-        protocol = protocol_for_source(row.get("silicon_data_source"))
-        out.append(Case(str(row.get("id", i)), str(row["model_path"]), str(row["system"]),
-                        str(row["backend"]), str(row["mode"]), _int(row["isl"]), _int(row["osl"]),
-                        _concurrency(row), QUANT.get(str(row.get("gemm_quant_mode"))),
-                        QUANT.get(str(row.get("moe_quant_mode"))), plan, disagg,
-                        float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"]),
-                        protocol, engine_for_row(row, protocol, plan)))
+        try:
+            out.append(_case_from_row(i, row))
+        except (BadCell, ServecastError) as err:  # scored as skipped, with the reason
+            out.append(Case(str(row.get("id", i)), str(row.get("model_path")),
+                            str(row.get("system")), str(row.get("backend")), str(row.get("mode")),
+                            0, 0, 0, None, None, None, None, float("nan"), float("nan"),
+                            unreadable=f"unreadable row: {err}"))
     return out
+
+
+def _case_from_row(i: int, row: dict) -> Case:
+    disagg = None
+    plan = None
+    if row["mode"] == "disagg":
+        disagg = Disagg(_plan(row, "prefill_"), _plan(row, "decode_"),
+                        _workers(row.get("prefill_num_workers")),
+                        _workers(row.get("decode_num_workers")))
+    else:
+        plan = _plan(row)
+    protocol = protocol_for_source(row.get("silicon_data_source"))
+    return Case(str(row.get("id", i)), str(row["model_path"]), str(row["system"]),
+                str(row["backend"]), str(row["mode"]), _count(row, "isl"), _count(row, "osl"),
+                _concurrency(row), QUANT.get(str(row.get("gemm_quant_mode"))),
+                QUANT.get(str(row.get("moe_quant_mode"))), plan, disagg,
+                _time_ms(row, "silicon_ttft_ms"), _time_ms(row, "silicon_tpot_ms"),
+                protocol, engine_for_row(row, protocol, plan))
 
 
 def cases_from_vllm_json(path: Path, overrides: dict | None = None) -> list[Case]:
@@ -330,6 +373,8 @@ def kv_dtype_for(case: Case) -> str | None:
 @lru_cache(maxsize=8192)
 def case_components(case: Case) -> dict:
     """The run's physics (model.serve.estimate components) before engine factors, or {'skip': why}."""
+    if case.unreadable:
+        return {"skip": case.unreadable}
     if case.concurrency < 1:
         return {"skip": "no closed-loop concurrency (max_concurrency) recorded"}
     if not case.system:
@@ -364,6 +409,8 @@ def case_components(case: Case) -> dict:
 def deployment_kind(c: Case) -> str:
     """'aggregated', 'disagg recorded' (worker counts in the record) or 'disagg inferred' (worker
     counts inferred by model.serve.estimate): the three groups the errors are reported by."""
+    if c.unreadable:
+        return "unreadable"
     if c.disagg is None:
         return "aggregated"
     known = c.disagg.prefill_workers is not None and c.disagg.decode_workers is not None
@@ -376,6 +423,8 @@ def case_plan_label(c: Case) -> str:
     if c.plan is not None:
         return c.plan.label()
     d = c.disagg
+    if d is None:
+        return "unreadable"
     w = lambda n: "?" if n is None else str(n)  # noqa: E731
     return (f"P{w(d.prefill_workers)}x{d.prefill_plan.label()}/"
             f"D{w(d.decode_workers)}x{d.decode_plan.label()}")
