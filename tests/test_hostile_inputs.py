@@ -138,3 +138,21 @@ def test_check_counts_an_unreadable_row_as_skipped_and_says_why(column, value, t
     assert (out["rows"], out["predicted"]) == (2, 1)
     (skipped,) = out["skipped"]
     assert skipped["reason"].startswith(f"unreadable row: {column}: must be")
+
+
+def test_a_context_past_the_window_is_refused_unless_extrapolation_is_asked(capsys):
+    # Qwen3-32B config.json: max_position_embeddings 40,960. 100,000 + 100 tokens is past it:
+    # refused (exit 2, naming the flags and the window), or with --allow-beyond-window answered
+    # with the extrapolation stated, as `kv` does for --context
+    import json
+
+    args = ["estimate", "--arch", "qwen3-32b", "--hardware", "h200", "--isl", "100000",
+            "--osl", "100", "--concurrency", "1", "--json"]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--isl + --osl = 100,100 tokens exceeds" in err and "40,960" in err
+    assert main(args + ["--allow-beyond-window"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["feasible"] and "beyond qwen3-32b's window of 40,960" in out["assumptions"][0]
+    assert main(["kv", "qwen3-32b", "--context", "50000", "--allow-beyond-window", "--json"]) == 0
+    assert "window of 40,960" in json.loads(capsys.readouterr().out)["assumptions"][0]

@@ -245,3 +245,17 @@ def load_architecture(name_or_hf_id_or_path: str, weight_dtype: str | None = Non
     if weight_dtype is not None:
         weight_dtype = dtype(weight_dtype).name
     return _load(str(entry.path), entry.name, entry.hf_id, weight_dtype or entry.weight_dtype)
+
+
+def within_window(arch: Architecture, tokens: int, what: str, allow_beyond: bool = False
+                  ) -> str | None:
+    """Refuse a context past the model's window (max_position_embeddings) naming `what` gave
+    it, or with `allow_beyond` return the assumption to report (None when within)."""
+    if not arch.max_context or tokens <= arch.max_context:
+        return None
+    if not allow_beyond:
+        raise ServecastError(f"{what} = {tokens:,} tokens exceeds {arch.name}'s maximum context "
+                             f"({arch.max_context:,} tokens, max_position_embeddings); allowed: "
+                             f"0..{arch.max_context}, or --allow-beyond-window to extrapolate")
+    return (f"{what} = {tokens:,} tokens is beyond {arch.name}'s window of "
+            f"{arch.max_context:,}: extrapolated past what the model was built for")

@@ -9,7 +9,7 @@ import typer
 from model.frontends.cli.output import JSON, emit
 from model.perf.kv import entry_layouts, kv_bytes_per_token, kv_bytes_per_token_by_kind, sequence_kv
 from model.perf.params import parameter_counts, weight_bytes, weight_bytes_by_dtype
-from model.specs.architecture import list_architectures, load_architecture
+from model.specs.architecture import list_architectures, load_architecture, within_window
 from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError
 
@@ -55,16 +55,14 @@ def describe(name: str, weight_dtype: str | None = None) -> dict:
 
 
 def kv_report(name: str, context: int, kv_dtype: str | None = None,
-              block_size: int | None = None, state_dtype: str = "fp32") -> dict:
+              block_size: int | None = None, state_dtype: str = "fp32",
+              allow_beyond_window: bool = False) -> dict:
     if context < 0:
         raise ServecastError(f"--context must be >= 0 tokens; got {context}")
     if block_size is not None and block_size <= 0:
         raise ServecastError(f"--block-size must be a positive number of tokens; got {block_size}")
     arch = load_architecture(name)
-    if arch.max_context and context > arch.max_context:
-        raise ServecastError(f"--context {context:,} exceeds {arch.name}'s maximum context "
-                             f"({arch.max_context:,} tokens, max_position_embeddings); allowed: "
-                             f"0..{arch.max_context}")
+    beyond = within_window(arch, context, "--context", allow_beyond_window)
     fmt = dtype(kv_dtype).name if kv_dtype else arch.default_kv_dtype
     foot = sequence_kv(arch, context, fmt, block_size, state_dtype=dtype(state_dtype).name)
     return {
@@ -78,6 +76,7 @@ def kv_report(name: str, context: int, kv_dtype: str | None = None,
         "index_key_bytes": foot.indexer_bytes,
         "kv_bytes_per_token": kv_bytes_per_token(arch, fmt),
         "entry_layouts": entry_layouts(arch, fmt),
+        "assumptions": [beyond] if beyond else [],
     }
 
 
@@ -106,6 +105,10 @@ def register(app: typer.Typer) -> None:
                block_size: int = typer.Option(None, "--block-size", help="paged block tokens"),
                state_dtype: str = typer.Option("fp32", "--state-dtype",
                                                help="recurrent state dtype (linear layers)"),
+               allow_beyond_window: bool = typer.Option(
+                   False, "--allow-beyond-window", help="size a context past the model's "
+                   "window and say so in the output"),
                as_json: bool = JSON) -> None:
         """KV-cache and state bytes of one sequence at a context length, by layer kind."""
-        emit(kv_report(arch, context, kv_dtype, block_size, state_dtype), as_json)
+        emit(kv_report(arch, context, kv_dtype, block_size, state_dtype, allow_beyond_window),
+             as_json)

@@ -10,7 +10,7 @@ import typer
 
 from model.frontends.cli.output import JSON, emit
 from model.perf.parallel import ParallelPlan
-from model.specs.architecture import load_architecture
+from model.specs.architecture import load_architecture, within_window
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
 from model.specs.hardware import load_hardware
@@ -63,6 +63,9 @@ def estimate_cmd(
     spec_acceptance: float = typer.Option(0.0, "--spec-acceptance",
                                           help="acceptance rate per speculative position"),
     breakdown: bool = typer.Option(False, "--breakdown", help="per-op table and bottleneck"),
+    allow_beyond_window: bool = typer.Option(
+        False, "--allow-beyond-window", help="extrapolate past the model's context window "
+        "(isl + osl > max_position_embeddings) and say so in the output"),
     as_json: bool = JSON,
 ) -> None:
     """Predict TTFT, TPOT and throughput of a deployment under closed-loop concurrency
@@ -77,13 +80,17 @@ def estimate_cmd(
                         _plan(decode_tp, decode_pp, decode_dp, decode_ep, decode_moe_tp,
                               dcp=decode_dcp),
                         prefill_workers or 1, decode_workers or 1)
-    out = estimate(load_architecture(arch), load_hardware(hardware),
+    model = load_architecture(arch)
+    beyond = within_window(model, isl + osl, "--isl + --osl", allow_beyond_window)
+    out = estimate(model, load_hardware(hardware),
                    _plan(tp, pp, dp, ep, moe_tp, pcp, dcp, sp), isl, osl, concurrency,
                    precision=precision, prefix_tokens=prefix, disagg=disagg, kv_dtype=kv_dtype,
                    backend=backend, breakdown=breakdown,
                    max_num_batched_tokens=max_num_batched_tokens, moe_precision=moe_precision,
                    arrival=arrival, spec_tokens=spec_tokens, spec_acceptance=spec_acceptance)
     out.pop("components", None)
+    if beyond:
+        out["assumptions"] = [beyond]
     emit(out, as_json)
 
 
