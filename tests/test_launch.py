@@ -52,8 +52,8 @@ def test_disaggregated_commands_have_connector_roles():
 def test_serving_format_flags_follow_the_recipe():
     # MiniMax M3 on B300: InferenceX's b300-fp4-mtp AgentX recipe serves hf:nvidia/MiniMax-M3-NVFP4
     # with kv-cache-dtype fp8, attention-config {"indexer_kv_dtype":"fp8"} and three draft tokens
-    # of the GQA EAGLE3 head (data/deployments/minimax-m3.yaml); on H200 the MXFP8 checkpoint is the
-    # architecture's own, MiniMaxAI/MiniMax-M3 (launch names the model, the precision the format).
+    # of the GQA EAGLE3 head (data/deployments/minimax-m3.yaml); on H200 the recipe's MXFP8
+    # checkpoint, MiniMaxAI/MiniMax-M3-MXFP8 (InferenceX's h200-fp8-mtp recipe), not the BF16 one.
     from model.plan.report import serving_format
     from model.specs.hardware import load_hardware
 
@@ -68,7 +68,8 @@ def test_serving_format_flags_follow_the_recipe():
     assert """'{"method":"eagle3","num_speculative_tokens":3,"model":"Inferact/MiniMax-M3-EAGLE3-GQA"}'""" in line
     h200 = serving_format("minimax-m3", load_hardware("h200-sxm"), "mxfp8", "fp8",
                           (3, 2.83, "eagle3"))
-    assert h200.checkpoint is None and h200.indexer_kv_dtype is None
+    assert h200.checkpoint == "MiniMaxAI/MiniMax-M3-MXFP8" and h200.indexer_kv_dtype is None
+    assert h200.quantization is None and h200.weights_note is None
     # DeepSeek V4 (vLLM blog 2026-04-24): fp8 KV, the FP4 indexer cache, MTP drafts from the
     # checkpoint (no draft model)
     v4 = serving_format("deepseek-v4-pro", load_hardware("b300"), None, "fp8", (3, 2.49, "mtp"))
@@ -79,3 +80,24 @@ def test_serving_format_flags_follow_the_recipe():
     kimi = serving_format("kimi-k3", load_hardware("gb300-nvl72"), None, "fp8", (7, 3.78, "dspark"))
     sg_flags, notes = kimi.sglang_flags()
     assert "--speculative-algorithm" not in sg_flags and any("dspark" in n for n in notes)
+
+
+def test_launch_lines_serve_the_weights_the_plan_assumed():
+    # MiniMax M3's own checkpoint is BF16 (config.json torch_dtype bfloat16, 852 GB): a plan that
+    # assumed FP8 weights on 2 B300 must have the engine quantize them as it loads
+    # (`--quantization fp8`, vLLM and SGLang); a format no flag gives is a stated note
+    import shlex
+
+    from model.plan.report import serving_format
+    from model.specs.hardware import load_hardware
+
+    fmt = serving_format("minimax-m3", load_hardware("b300"), "fp8", "fp8", (0, 0.0, "mtp"))
+    dep = Deployment(mode="aggregated", arch="minimax-m3", concurrency=24,
+                     replica=PhaseConfig("b300", ParallelPlan(tp=2), 1), serving=fmt)
+    cmds = launch_commands(dep)
+    for line in _lines(cmds["vllm"]) + _lines(cmds["sglang"]):
+        argv = shlex.split(line)
+        assert argv[argv.index("--quantization") + 1] == "fp8"
+        assert "MiniMaxAI/MiniMax-M3" in argv
+    nvfp4 = serving_format("llama-3.1-70b", load_hardware("b200"), "nvfp4", None, (0, 0.0, "mtp"))
+    assert nvfp4.quantization is None and "nvfp4" in nvfp4.weights_note

@@ -52,9 +52,15 @@ class ServingFormat:
     spec_tokens: int = 0
     draft_model: str | None = None
     extra_vllm: tuple[str, ...] = ()  # the recipe's further flags (data/deployments/)
+    # weights the engine quantizes as it loads a checkpoint of another format (--quantization),
+    # or why no flag can give the format the plan assumed
+    quantization: str | None = None
+    weights_note: str | None = None
 
     def vllm_flags(self) -> list[str]:
         flags = list(self.extra_vllm)
+        if self.quantization:
+            flags += ["--quantization", self.quantization]
         if self.kv_dtype and self.kv_dtype not in ("bf16", "auto"):
             flags += ["--kv-cache-dtype", self.kv_dtype]
         if self.indexer_kv_dtype:  # InferenceX MiniMax M3 B300 recipe: attention-config
@@ -70,6 +76,10 @@ class ServingFormat:
 
     def sglang_flags(self) -> tuple[list[str], list[str]]:
         flags, notes = [], []
+        if self.quantization:
+            flags += ["--quantization", self.quantization]
+        if self.weights_note:
+            notes.append(self.weights_note)
         if self.kv_dtype == "fp8":
             flags += ["--kv-cache-dtype", "fp8_e4m3"]
         if self.spec_tokens:

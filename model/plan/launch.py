@@ -75,13 +75,13 @@ def _vllm_engine_flags(dep: Deployment, role: str) -> list[str]:
 
 def vllm_commands(dep: Deployment) -> list[str]:
     model = _checkpoint(dep)
+    note = _format(dep).weights_note
+    out = [f"# note: {note}"] if note else []
     if dep.mode == "aggregated":
         r = dep.replica
         cmd = ["vllm", "serve", model, *vllm_parallel_flags(r), *_vllm_engine_flags(dep, "mixed")]
-        line = _join(cmd)
-        return [f"# {r.instances} replica(s) on {r.hardware}, {r.plan.gpus} GPU(s) each; "
-                "route sessions stickily (same session -> same replica)", line]
-    out = []
+        return out + [f"# {r.instances} replica(s) on {r.hardware}, {r.plan.gpus} GPU(s) each; "
+                      "route sessions stickily (same session -> same replica)", _join(cmd)]
     for role, phase, kv_role in (("prefill", dep.prefill, "kv_producer"),
                                  ("decode", dep.decode, "kv_consumer")):
         cfg = json.dumps({"kv_connector": dep.kv_connector, "kv_role": kv_role},

@@ -12,6 +12,8 @@ from model.plan.deployment import Deployment, ServingFormat
 from model.plan.full_tier import FullTierPoint, Slo
 from model.plan.inputs import PlanInputs
 from model.plan.traffic import Traffic
+from model.specs.architecture import load_architecture
+from model.specs.errors import ServecastError
 from model.specs.precision import parse_precision
 from model.specs.prices import api_price
 from model.specs.recipes import recipe_for
@@ -171,7 +173,38 @@ def serving_format(arch_name: str, hw, precision, kv_dtype, spec) -> ServingForm
         else None
     k, _, method = spec
     draft = r.draft_on(hw) if r is not None and method == r.spec_method else None
+    quantization, note = (None, None) if checkpoint else _online_quantization(arch_name,
+                                                                             precision)
     return ServingFormat(checkpoint=checkpoint, kv_dtype=kv_dtype,
                          indexer_kv_dtype=parse_precision(precision).get("indexer_cache"),
                          spec_method=method if k else "none", spec_tokens=int(k),
-                         draft_model=draft, extra_vllm=r.vllm_args if r is not None else ())
+                         draft_model=draft, extra_vllm=r.vllm_args if r is not None else (),
+                         quantization=quantization, weights_note=note)
+
+
+def _online_quantization(arch_name: str, precision) -> tuple[str | None, str | None]:
+    """(the engines' --quantization value, a note) for weights served in another format than
+    the architecture's own checkpoint holds: FP8 is quantized as the engine loads the weights
+    (vLLM and SGLang `--quantization fp8`); other formats need a checkpoint in that format."""
+    wanted = {f for part, f in parse_precision(precision).items() if part != "indexer_cache"}
+    if not wanted or not arch_name:
+        return None, None
+    try:
+        arch = load_architecture(arch_name)
+    except ServecastError:
+        return None, None
+    own = {lin.dtype for layer in arch.layers
+           for lin in layer.attention.projections + layer.mlp.projections}
+    own |= {layer.mlp.experts.dtype for layer in arch.layers if layer.mlp.experts}
+
+    def family(fmt: str) -> str:  # fp8_block and fp8 are one FP8 checkpoint to an engine
+        return fmt.split("_")[0]
+
+    missing = sorted(f for f in wanted if family(f) not in {family(o) for o in own})
+    if not missing:
+        return None, None
+    if all(family(f) == "fp8" for f in missing):
+        return "fp8", None
+    return None, (f"weights {', '.join(missing)}: the checkpoint holds "
+                  f"{', '.join(sorted(own))} and no engine flag converts it; serve a checkpoint "
+                  f"in that format")

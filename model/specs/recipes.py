@@ -47,6 +47,8 @@ class Recipe(BaseModel):
     architectures: tuple[str, ...]
     precision: str | None = None
     precision_source: str
+    # the checkpoint that holds `precision` when it is not the architecture's own HF id
+    checkpoint: str | None = None
     kv_dtype: str | None = None
     kv_dtype_source: str
     spec_method: Literal["none", "mtp", "eagle3", "dspark"] = "none"
@@ -97,7 +99,7 @@ class Recipe(BaseModel):
     def checkpoint_on(self, hw) -> str | None:
         """The checkpoint served on chip `hw` when it is not the architecture's own (None)."""
         variant = self.fp4_on(hw)
-        return variant.checkpoint if variant else None
+        return variant.checkpoint if variant else self.checkpoint
 
     def precision_on(self, hw) -> str | None:
         """The served precision on chip `hw`."""
