@@ -40,6 +40,9 @@ CASES = [
     (["plan", "--slo-p90-interactivity", "-10"], "--slo-p90-interactivity"),
     (["plan", "--slo-p90-ttft", "0"], "--slo-p90-ttft"),
     (["plan", "--gpus", "0"], "--gpus"),
+    # unbounded search: 1,000 GPUs had grown to 24 GB, 100,000 ran for more than 10 minutes
+    (["plan", "--gpus", "1000"], "1..576"),
+    (["plan", "--gpus", "100000"], "1..576"),
     (["plan", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
     (["plan", "--prefill-schedule-interval", "0"], "--prefill-schedule-interval"),
     (MEMORY + ["--context", "-100"], "--context"),

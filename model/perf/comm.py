@@ -176,7 +176,9 @@ def _scale_out_time_s(op: str, size, n, hw, nccl: CommParams):
         return flat_time_s("p2p", size, 2.0, out_bw, out)
     if op == "all_to_all":
         off = np.clip((n - inner) / n, 0.0, 1.0)
-        t_out = out.latency_s + off * size / (out_bw * out.efficiency(size, n))
+        # an empty message (no tokens this step) moves nothing: no 0 / 0 at zero efficiency
+        rate = np.maximum(out_bw * out.efficiency(size, n), 1e-300)
+        t_out = out.latency_s + np.where(np.asarray(size) > 0, off * size / rate, 0.0)
         t_in = flat_time_s("all_to_all", size * inner / n, inner, up_bw, nccl)
         return np.where(n <= domain, flat_time_s("all_to_all", size, n, out_bw, out),
                         np.maximum(t_out, t_in))

@@ -80,6 +80,9 @@ from model.specs.precision import with_precision
 DEFAULT_SCENARIO = {"arch": "deepseek-v4-pro", "hardware": "gb300-nvl72", "gpus": 12,
                     "workload": "agentx", "slo_p90_interactivity": 50.0}
 DEFAULT_API_MODEL = "claude-opus-5"
+# the GPU budget the search enumerates at most: replica sizes are the budget's divisors, and a
+# budget past a few racks only adds replicas of the same units
+MAX_SEARCH_GPUS = 576
 THRESHOLDS = (0, 512, 2048)
 INTERVALS = (1, 2, 4, 8)  # prefill_schedule_interval (InferenceX DSv4 AgentX DEP lane: 8)
 PARETO_COLUMNS = ("mode", "plan", "decode_plan", "replicas", "x", "y", "concurrency",
@@ -239,8 +242,10 @@ def full_tier_peak(arch, hardware, gpus: int, workload, metric: str,
 
 def _shape(label: str | None, gpus: int | None, modes) -> tuple[DeploymentShape | None, int]:
     if label is None:
-        if gpus is None or gpus < 1:
-            raise ServecastError(f"gpus={gpus}: must be >= 1")
+        if gpus is None or not 1 <= gpus <= MAX_SEARCH_GPUS:
+            raise ServecastError(f"--gpus {gpus}: the search covers 1..{MAX_SEARCH_GPUS:,} GPUs "
+                                 f"(its candidates grow faster than the budget); plan a unit "
+                                 f"and replicate it, or give --deployment LABEL")
         return None, int(gpus)
     shape, total = parse_deployment_label(label).resolve(gpus)
     if shape.mode not in modes:

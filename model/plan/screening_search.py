@@ -34,7 +34,12 @@ from model.plan.search_cache import (
 )
 from model.plan.traffic import Traffic
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+from model.specs.errors import ServecastError
 from model.specs.recipes import SPEC_OFF
+
+# rows one screening frame may hold (about 1 KB each with its columns and models): past this the
+# search refuses, naming how to narrow it, rather than grow until the machine kills it
+MAX_SCREENED_ROWS = 2_000_000
 
 
 def _cache_terms(pm: PlanModel, arch, hw, kv_dtype, workload, sessions, cache: CacheSetup):
@@ -211,6 +216,11 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
         return pd.DataFrame(), pd.DataFrame(sat_rows)
     combo = np.concatenate(parts)
     conc = np.sort(np.asarray(concurrency, float))
+    if len(combo) * len(conc) > MAX_SCREENED_ROWS:
+        raise ServecastError(
+            f"plan: {gpus} GPUs give {len(combo) * len(conc):,} disaggregated candidates to "
+            f"screen, over the search's cap of {MAX_SCREENED_ROWS:,}; narrow it (--mode "
+            f"aggregated, --deployment LABEL, --concurrency N) or plan fewer GPUs and replicate")
     args = (combo, prefill_models, decode_models,
             StepTable.stack([step_table(pm) for pm in decode_models], d_scale),
             t_p, chunk_p, b_cap, tps, traffic, kv_bytes_per_token, link_bytes_per_s,
