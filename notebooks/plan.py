@@ -38,8 +38,8 @@ from pathlib import Path
 import pandas as pd
 
 from model.frontends import charts, nbio
-from model.plan.deployment import MODES
 from model.plan.planner import plan
+from model.specs.defaults import MODES
 
 result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
               slo_p90_interactivity=slo_p90_interactivity,

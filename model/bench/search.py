@@ -19,9 +19,10 @@ from model.perf import kernels, ops, roofline
 from model.perf.engine_factors import engine_factors
 from model.plan import plan_models
 from model.plan.plan_models import load_specs
-from model.plan.planner import DEFAULT_SCENARIO, clear_search_caches, plan
+from model.plan.planner import clear_search_caches, plan
 from model.plan.traffic import traffic_for
 from model.serve import cache_model
+from model.specs.defaults import DEFAULT_SCENARIO
 
 
 def _clear_search_caches() -> None:

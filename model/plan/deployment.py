@@ -15,10 +15,8 @@ import re
 from dataclasses import dataclass, field
 
 from model.perf.parallel import ParallelPlan
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MODES
 from model.specs.errors import ServecastError
-
-MODES = ("aggregated", "disaggregated")
 
 
 @dataclass(frozen=True)

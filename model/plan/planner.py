@@ -38,7 +38,6 @@ from model.plan import full_tier, plan_models, search_cache
 from model.plan import traffic as traffic_moments
 from model.plan.cost import CostSummary
 from model.plan.deployment import (
-    MODES,
     Deployment,
     DeploymentShape,
     PhaseConfig,
@@ -73,13 +72,14 @@ from model.plan.screening_search import screen_candidates
 from model.plan.search_cache import DEFAULT_TIERS
 from model.plan.traffic import Traffic
 from model.serve.deployment import DeploymentServing
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
+from model.specs.defaults import (
+    DEFAULT_API_MODEL,
+    MAX_NUM_BATCHED_TOKENS,
+    MODES,
+)
 from model.specs.errors import Infeasible, ServecastError
 from model.specs.precision import with_precision
 
-DEFAULT_SCENARIO = {"arch": "deepseek-v4-pro", "hardware": "gb300-nvl72", "gpus": 12,
-                    "workload": "agentx", "slo_p90_interactivity": 50.0}
-DEFAULT_API_MODEL = "claude-opus-5"
 # the GPU budget the search enumerates at most: replica sizes are the budget's divisors, and a
 # budget past a few racks only adds replicas of the same units
 MAX_SEARCH_GPUS = 576

@@ -10,3 +10,11 @@ MAX_NUM_SEQS = 256  # running requests per engine step (per DP rank)
 GPU_MEMORY_UTILIZATION = 0.9  # share of HBM the engine may take (--gpu-memory-utilization)
 TURN_GAP_CAP_S = 300.0  # a session's tool/think gap before a turn is cut to this (per trajectory)
 SYSTEM_IDLE_CAP_S = 10.0  # the replay skips all-idle time beyond this (--system-idle-gap-cap-seconds)
+
+# The planner's built-in scenario (`make run`, `servecast plan` without flags): the vLLM AgentX
+# post's DeepSeek V4 Pro row (1P DEP4 + 1D DEP8 on 12 GB300, P90 interactivity over 50 tok/s),
+# and the API model its cost comparison prices against
+DEFAULT_SCENARIO = {"arch": "deepseek-v4-pro", "hardware": "gb300-nvl72", "gpus": 12,
+                    "workload": "agentx", "slo_p90_interactivity": 50.0}
+DEFAULT_API_MODEL = "claude-opus-5"
+MODES = ("aggregated", "disaggregated")  # deployment modes: one replica type, or P/D workers

@@ -7,8 +7,6 @@ from collections import Counter
 import typer
 
 from model.frontends.cli.output import JSON, emit
-from model.perf.kv import entry_layouts, kv_bytes_per_token, kv_bytes_per_token_by_kind, sequence_kv
-from model.perf.params import parameter_counts, weight_bytes, weight_bytes_by_dtype
 from model.specs.architecture import list_architectures, load_architecture, within_window
 from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError
@@ -16,6 +14,10 @@ from model.specs.errors import ServecastError
 
 def describe(name: str, weight_dtype: str | None = None) -> dict:
     """The `arch show` object (also used by notebooks and batch summaries)."""
+    # the counting modules load sympy: imported when a command runs, not at start-up
+    from model.perf.kv import kv_bytes_per_token, kv_bytes_per_token_by_kind, sequence_kv
+    from model.perf.params import parameter_counts, weight_bytes, weight_bytes_by_dtype
+
     arch = load_architecture(name, weight_dtype)
     counts = parameter_counts(arch)
     main = arch.main_layers
@@ -57,6 +59,8 @@ def describe(name: str, weight_dtype: str | None = None) -> dict:
 def kv_report(name: str, context: int, kv_dtype: str | None = None,
               block_size: int | None = None, state_dtype: str = "fp32",
               allow_beyond_window: bool = False) -> dict:
+    from model.perf.kv import entry_layouts, kv_bytes_per_token, sequence_kv  # loads sympy
+
     if context < 0:
         raise ServecastError(f"--context must be >= 0 tokens; got {context}")
     if block_size is not None and block_size <= 0:

@@ -9,7 +9,6 @@ import math
 import typer
 
 from model.frontends.cli.output import JSON, emit
-from model.perf.parallel import ParallelPlan
 from model.specs.architecture import load_architecture
 from model.specs.defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
@@ -118,6 +117,7 @@ def memory_cmd(
     and the tier capacities in tokens; weights and KV as the family's serving recipe has
     them (data/deployments/), as `plan` does, unless given."""
     from model.perf.memory import hbm_budget  # loads sympy: only when the command runs
+    from model.perf.parallel import ParallelPlan
     from model.perf.tiers import tier_capacity_tokens
 
     a, hw = load_architecture(arch), load_hardware(hardware)
@@ -148,7 +148,8 @@ def reload_cmd(
     as_json: bool = JSON,
 ) -> None:
     """Reload a prefix's KV from a tier or recompute it: times by context, break-even."""
-    from model.perf.tiers import break_even  # loads the step model: only when the command runs
+    from model.perf.parallel import ParallelPlan  # loads sympy: only when the command runs
+    from model.perf.tiers import break_even
 
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep)
     res = break_even(load_architecture(arch), load_hardware(hardware), plan, tier, mode=mode)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from model.frontends.cli.output import JSON, emit
-from model.perf.parallel import ParallelPlan
 from model.specs.architecture import load_architecture, within_window
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
 from model.specs.hardware import load_hardware
+
+if TYPE_CHECKING:
+    from model.perf.parallel import ParallelPlan
 
 ARRIVAL_HELP = ("benchmark (a burst first round, then the engine's scheduler decides; "
                 "model.serve.closed_loop) | synchronized | staggered")
@@ -27,8 +29,10 @@ def register(app: typer.Typer) -> None:
 def _plan(tp, pp, dp, ep, moe_tp, pcp=1, dcp=1, sp=False) -> ParallelPlan:
     """A plan from the command line; --moe-tp defaults to the GPUs of the stage not used by
     --ep."""
-    plan = ParallelPlan(tp=1 if tp is None else tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1, pcp=pcp, dcp=dcp,
-                        sp=sp)
+    from model.perf.parallel import ParallelPlan  # loads sympy: only when a command runs
+
+    plan = ParallelPlan(tp=1 if tp is None else tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1,
+                        pcp=pcp, dcp=dcp, sp=sp)
     if moe_tp is not None:
         return plan
     gpus = plan.attention_gpus

@@ -7,9 +7,7 @@ from __future__ import annotations
 import typer
 
 from model.frontends.cli.output import emit, positive
-from model.plan.deployment import MODES
-from model.plan.planner import DEFAULT_API_MODEL, DEFAULT_SCENARIO
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
+from model.specs.defaults import DEFAULT_API_MODEL, DEFAULT_SCENARIO, MAX_NUM_BATCHED_TOKENS, MODES
 
 PARETO_POINTS = 8  # full-tier points added along the screening's front with --pareto
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import typer
 
 from model.frontends.cli.output import emit, positive
-from model.perf.parallel import ParallelPlan
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
 from model.specs.errors import ServecastError
 
@@ -130,6 +129,7 @@ def register(app: typer.Typer) -> None:
         """The full tier of one replica of the --tp/--dp/... plan or, with --deployment, of a whole
         deployment (what `plan --deployment` reports): TTFT/TPOT percentiles, interactivity,
         TPGS."""
+        from model.perf.parallel import ParallelPlan  # the model loads only when it runs
         from model.serve.policy import EnginePolicy
         from model.specs.workload import load_workload
 
