@@ -159,3 +159,69 @@ def test_a_context_past_the_window_is_refused_unless_extrapolation_is_asked(caps
     assert out["feasible"] and "beyond qwen3-32b's window of 40,960" in out["assumptions"][0]
     assert main(["kv", "qwen3-32b", "--context", "50000", "--allow-beyond-window", "--json"]) == 0
     assert "window of 40,960" in json.loads(capsys.readouterr().out)["assumptions"][0]
+
+
+def _hardware_mutations():
+    """The H200 spec (hardware/h200-sxm.yaml) with one number made impossible: negative, zero,
+    not a number, absent, or in a unit the loader does not know."""
+    sizes = ["hbm_capacity_usable", "hbm_bandwidth", "scale_up_bandwidth_per_direction",
+             "scale_up_domain", "scale_out_bandwidth_per_direction", "host_memory_per_gpu",
+             "power_tdp"]
+    out = [(key, "value", bad) for key in sizes for bad in (-1, 0, "fast", None)]
+    out += [(key, None, "absent") for key in sizes]
+    out += [(("peak_flops", fmt), "value", bad) for fmt in ("bf16", "fp8") for bad in (-5, 0, "x")]
+    out += [("hbm_bandwidth", "unit", "furlongs"), ("hbm_bandwidth", "source", "S999")]
+    return out
+
+
+HARDWARE_MUTATIONS = _hardware_mutations()
+
+
+@pytest.mark.parametrize("key, field, bad", HARDWARE_MUTATIONS,
+                         ids=[f"{k}.{f}={b!r}" for k, f, b in HARDWARE_MUTATIONS])
+def test_a_mutated_hardware_yaml_is_refused_in_one_line(key, field, bad, tmp_path, capsys):
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "hardware" / "h200-sxm.yaml").read_text())
+    parent, name = (spec[key[0]], key[1]) if isinstance(key, tuple) else (spec, key)
+    if field is None:
+        del parent[name]
+    else:
+        parent[name] = {**parent[name], field: bad}
+    path = tmp_path / "chip.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code = main(["hardware", "show", str(path), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servecast: error: ") and str(path) in lines[0]
+
+
+TRACE = ROOT / "data" / "traces" / "cc_traces_weka_042026_sample" / "trace_0001.json"
+TRACE_MUTATIONS = ([("requests[1]", key, bad) for key in ("t", "in", "out", "hash_ids")
+                    for bad in (-1, "x", None, "absent")]
+                   + [("requests[1]", "think_time", bad) for bad in (-1, "x")]
+                   + [("trace", "requests", "not a list"), ("trace", "block_size", 0),
+                      ("trace", "block_size", -64), ("trace", "block_size", 1.5)])
+
+
+@pytest.mark.parametrize("where, key, bad", TRACE_MUTATIONS,
+                         ids=[f"{w}.{k}={b!r}" for w, k, b in TRACE_MUTATIONS])
+def test_a_mutated_agentx_trace_is_refused_in_one_line(where, key, bad, tmp_path, capsys):
+    # one recorded Claude Code session (SemiAnalysis cc-traces-weka-042026, Apache-2.0) with
+    # one field made impossible: the cache replay names the file and the field, never a number
+    import json
+
+    doc = json.loads(TRACE.read_text())
+    target = doc if where == "trace" else doc["requests"][1]
+    if bad == "absent":
+        del target[key]
+    else:
+        target[key] = bad
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(doc))
+    code = main(["cache", str(path), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"servecast: error: {path}"), err

@@ -107,6 +107,11 @@ def append_only_hash_ids(inputs: Iterable[int], block_tokens: int, start_id: int
 # ---------------------------------------------------------------------------------------- AgentX
 
 
+def _optional_s(raw: dict, key: str, path: Path, where: str) -> float | None:
+    """A duration in seconds the record may leave out (None), else a number >= 0."""
+    return None if raw.get(key) is None else float(_need(raw, key, path, where))
+
+
 def _agentx_request(raw: dict, path: Path, where: str, t0: float, block: int) -> Request:
     return Request(
         t_s=t0 + float(_need(raw, "t", path, where)),
@@ -114,8 +119,8 @@ def _agentx_request(raw: dict, path: Path, where: str, t0: float, block: int) ->
         output_tokens=int(_need(raw, "out", path, where)),
         hash_ids=_hash_array(raw.get("hash_ids"), path, where),
         block_tokens=block,
-        think_time_s=float(raw.get("think_time", 0.0) or 0.0),
-        api_time_s=None if raw.get("api_time") is None else float(raw["api_time"]),
+        think_time_s=_optional_s(raw, "think_time", path, where) or 0.0,
+        api_time_s=_optional_s(raw, "api_time", path, where),
         model=str(raw.get("model", "")),
     )
 
@@ -133,7 +138,10 @@ def load_agentx(path: str | Path) -> list[Session]:
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise SpecError(path, "requests", "missing: an AgentX trace is an object with a `requests` list")
     session_id = str(doc.get("id", path.stem))
-    block = int(doc.get("block_size", AGENTX_BLOCK_TOKENS))
+    block = doc.get("block_size", AGENTX_BLOCK_TOKENS)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise SpecError(path, "block_size", f"must be a whole number of tokens >= 1, got "
+                                            f"{block!r:.40}")
     scope = doc.get("hash_id_scope", "local")
     if scope not in ("local", "global"):
         raise SpecError(path, "hash_id_scope", f"got {scope!r}; allowed: local, global")
