@@ -50,15 +50,20 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("argv, names", CASES, ids=[" ".join(c[0][-2:]) for c in CASES])
-def test_an_impossible_input_is_one_error_line_and_exit_2(argv, names, capsys):
+def refusal(argv: list[str], capsys, starts: str = "") -> str:
+    """The one error line `argv` must give: exit 2, nothing on stdout, a single stderr line
+    `servecast: error: <starts>...`, no traceback."""
     code = main(argv)
     out, err = capsys.readouterr()
-    assert code == 2
-    assert out == ""
+    assert code == 2 and out == "", (code, out)
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("servecast: error: "), err
-    assert names in lines[0] and "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith(f"servecast: error: {starts}"), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, names", CASES, ids=[" ".join(c[0][-2:]) for c in CASES])
+def test_an_impossible_input_is_one_error_line_and_exit_2(argv, names, capsys):
+    assert names in refusal(argv, capsys)
 
 
 BINARY = bytes(range(256)) * 8  # not UTF-8 text
@@ -79,12 +84,7 @@ def test_an_unreadable_input_file_is_one_error_line_naming_it(command, name, con
                                                               tmp_path, capsys):
     path = tmp_path / name
     path.write_bytes(content)
-    code = main([command, str(path), "--json"])
-    out, err = capsys.readouterr()
-    assert code == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"servecast: error: {path}"), err
-    assert says in lines[0]
+    assert says in refusal([command, str(path), "--json"], capsys, str(path))
 
 
 def _config_mutations():
@@ -115,11 +115,7 @@ def test_a_mutated_config_json_is_refused_naming_its_field(name, key, value, tmp
     cfg[key] = value
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    code = main(["arch", "show", str(path), "--json"])
-    out, err = capsys.readouterr()
-    assert code == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"servecast: error: {path}: {key}: "), err
+    refusal(["arch", "show", str(path), "--json"], capsys, f"{path}: {key}: ")
 
 
 @pytest.mark.parametrize("column, value", [("isl", "abc"), ("osl", "-3"), ("tp_size", "0"),
@@ -151,9 +147,8 @@ def test_a_context_past_the_window_is_refused_unless_extrapolation_is_asked(caps
 
     args = ["estimate", "--arch", "qwen3-32b", "--hardware", "h200", "--isl", "100000",
             "--osl", "100", "--concurrency", "1", "--json"]
-    assert main(args) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and "--isl + --osl = 100,100 tokens exceeds" in err and "40,960" in err
+    line = refusal(args, capsys, "--isl + --osl = 100,100 tokens exceeds")
+    assert "40,960" in line
     assert main(args + ["--allow-beyond-window"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["feasible"] and "beyond qwen3-32b's window of 40,960" in out["assumptions"][0]
@@ -190,11 +185,7 @@ def test_a_mutated_hardware_yaml_is_refused_in_one_line(key, field, bad, tmp_pat
         parent[name] = {**parent[name], field: bad}
     path = tmp_path / "chip.yaml"
     path.write_text(yaml.safe_dump(spec))
-    code = main(["hardware", "show", str(path), "--json"])
-    out, err = capsys.readouterr()
-    assert code == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("servecast: error: ") and str(path) in lines[0]
+    assert str(path) in refusal(["hardware", "show", str(path), "--json"], capsys)
 
 
 TRACE = ROOT / "data" / "traces" / "cc_traces_weka_042026_sample" / "trace_0001.json"
@@ -220,8 +211,4 @@ def test_a_mutated_agentx_trace_is_refused_in_one_line(where, key, bad, tmp_path
         target[key] = bad
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(doc))
-    code = main(["cache", str(path), "--json"])
-    out, err = capsys.readouterr()
-    assert code == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"servecast: error: {path}"), err
+    refusal(["cache", str(path), "--json"], capsys, str(path))
