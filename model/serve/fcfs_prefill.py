@@ -116,7 +116,7 @@ def solve_fcfs(eng: RankEngine, bal: StepBalance, ca2: float, sessions_per_rank:
     # slot's height, which the first-step mixture carries (`extra_s`)
     q_service = q_service - first.mean_extension_s
     queue = _merged_queue(q_service, q_merge * td, last_step, x, ca2,
-                          eng.queue.gap_s if n_sessions else None, decoding, merged_start,
+                          eng.queue.gap_s_ascending if n_sessions else None, decoding, merged_start,
                           first.mean_offset_s)
     if queue is None:
         rho_p = x * float(np.mean(q_service - q_merge * td))
@@ -155,7 +155,7 @@ def _first_step(eng: RankEngine, bal: StepBalance, law: SlotLaw | None,
     k, ext = bal.runs.chunks, bal.runs.extension_s
     interval = eng.policy.prefill_schedule_interval
     busy = bal.engine_busy(eng.dp)
-    gaps = eng.sample.gap_s if sessions_per_rank else None
+    gaps = eng.sample.gap_s_ascending if sessions_per_rank else None
     # lock-stepped ranks: each of the prompt's steps also waits for the other ranks' prefill
     # (their share of the mean extension per step)
     t_lock = td + (tbar - td) * (1.0 - 1.0 / eng.dp)

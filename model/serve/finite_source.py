@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import gammaln, xlogy
 
-from model.serve.queueing import expected_min, mg1_wait_pmf, residual_mass, split_bins
+from model.serve.queueing import ascending, expected_min, mg1_wait_pmf, residual_mass, split_bins
 
 # earlier arrivals within the job in service: bins of Λ(y) (expected arrivals), each taken at
 # its mean in the Poisson count ahead
@@ -70,7 +70,7 @@ def finite_source_wait_pmf(service_s, dt: float, n: int, gaps_s, arrival_rate: f
     `decoding`: (sessions decoding, their decode times); `extra_s`: the mean time a prompt
     spends past its wait and service before its first token."""
     s = np.sort(np.asarray(service_s, float))
-    z = np.sort(np.asarray(gaps_s, float))
+    z = ascending(gaps_s)
     x = float(arrival_rate)
     edges = np.arange(n + 1) * dt
     idle = x * expected_min(z, edges)  # Λ(t) of the idle sessions
@@ -123,7 +123,7 @@ def _decoders_arrived(decode_s: np.ndarray, gaps: np.ndarray, edges: np.ndarray)
     density P(W > y) / E[W]), Z a fresh idle gap."""
     n = len(edges) - 1
     resid = residual_mass(np.sort(decode_s), edges)
-    gap = np.diff(np.searchsorted(np.sort(gaps), edges, side="right")) / len(gaps)
+    gap = np.diff(np.searchsorted(ascending(gaps), edges, side="right")) / len(gaps)
     both = np.fft.irfft(np.fft.rfft(resid, 2 * n) * np.fft.rfft(gap, 2 * n), 2 * n)[:n]
     return np.r_[0.0, np.cumsum(np.maximum(both, 0.0))]
 

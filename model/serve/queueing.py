@@ -301,11 +301,18 @@ def pk_wait_transform(rate: float, rho: float, service_s: np.ndarray) -> float:
     return (1.0 - rho) / max(float(np.mean(np.exp(-rate * service_s))), 1e-300)
 
 
+def ascending(values) -> np.ndarray:
+    """`values` as a float array in ascending order, sorted only when it is not already (the
+    solvers pass the same sorted sample many times)."""
+    a = np.asarray(values, float)
+    return a if a.size < 2 or bool(np.all(a[1:] >= a[:-1])) else np.sort(a)
+
+
 def arrivals_kept(gaps_s: np.ndarray, span_s) -> np.ndarray:
     """E[min(gap, D)] / D: the share of a stationary arrival stream that still arrives during a
     span D when nobody who arrives returns before it ends (closed loop, heavy-tailed gaps)."""
     d = np.maximum(np.asarray(span_s, float), 1e-12)
-    return np.minimum(expected_min(np.sort(np.asarray(gaps_s, float)), d) / d, 1.0)
+    return np.minimum(expected_min(ascending(gaps_s), d) / d, 1.0)
 
 
 def arrivals_kept_cycling(gaps_s: np.ndarray, cycle_s: float, step_s: float, heights_s,

@@ -4,6 +4,7 @@ clipping bounds (`Distribution`). Each samples with a caller's numpy Generator a
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal
 
 import numpy as np
@@ -39,6 +40,13 @@ class Lognormal(ProfileModel):
         return float(np.exp(self.mu + self.sigma**2 / 2))
 
 
+@functools.lru_cache(maxsize=256)
+def _quantile_arrays(p: tuple[float, ...], x: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The quantiles as numpy arrays, made once: a request mix samples them per session, tens of
+    thousands of times."""
+    return np.asarray(p, float), np.asarray(x, float)
+
+
 class Empirical(ProfileModel):
     """Quantiles of a measured distribution; sampled by inverse CDF, linear between quantiles."""
 
@@ -58,7 +66,7 @@ class Empirical(ProfileModel):
         return self
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return np.interp(rng.random(n), self.p, self.x)
+        return np.interp(rng.random(n), *_quantile_arrays(self.p, self.x))
 
     def mean(self) -> float:
         p, x = np.asarray(self.p), np.asarray(self.x)
@@ -103,6 +111,8 @@ class Distribution(ProfileModel):
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         values = self.dist.sample(rng, n)
+        if self.min is None and self.max is None:
+            return values
         lo = -np.inf if self.min is None else self.min
         hi = np.inf if self.max is None else self.max
         return np.clip(values, lo, hi)

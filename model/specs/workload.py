@@ -160,6 +160,11 @@ class RequestMix:
     output_tokens: np.ndarray
     gap_s: np.ndarray
 
+    @functools.cached_property
+    def gap_s_ascending(self) -> np.ndarray:
+        """The gaps sorted once: the queue laws read their distribution at every solver step."""
+        return np.sort(self.gap_s)
+
     @property
     def hit_rate(self) -> float:
         total = float(self.context_tokens.sum())
@@ -175,16 +180,28 @@ def _chain(rng, n_req: int, first: Distribution, growth: Distribution, reset_p: 
     c0 = max(first.sample(rng, 1)[0], 1.0)
     deltas = growth.sample(rng, n_req)  # negative deltas are compactions
     deltas[0] = c0
-    ctx = np.empty(n_req)
-    level = 0.0
-    for i, d in enumerate(deltas):  # the context never drops below a few blocks nor exceeds max
-        level = min(max(level + d, 64.0), max_ctx)
-        ctx[i] = level
-    unc = np.maximum(np.diff(ctx, prepend=0.0), 1.0)
+    ctx = _clipped_levels(deltas, max_ctx)
+    unc = ctx.copy()  # the growth over the previous turn (the first turn: all of it)
+    unc[1:] -= ctx[:-1]
+    unc = np.maximum(unc, 1.0)
     resets = (rng.random(n_req) < reset_p) | (deltas < 0)
     resets[0] = True
     unc[resets] = ctx[resets]
     return np.round(ctx), np.maximum(np.round(unc), 1.0)
+
+
+def _clipped_levels(deltas: np.ndarray, max_ctx: float) -> np.ndarray:
+    """Running context after each delta, never below a few blocks (64 tokens) nor above
+    `max_ctx`: the plain running sum where it stays inside those bounds (almost every chain),
+    else step by step."""
+    ctx = np.cumsum(deltas)
+    if ctx.size == 0 or (ctx.min() >= 64.0 and ctx.max() <= max_ctx):
+        return ctx
+    level = 0.0
+    for i, d in enumerate(deltas):
+        level = min(max(level + d, 64.0), max_ctx)
+        ctx[i] = level
+    return ctx
 
 
 @functools.lru_cache(maxsize=4)
