@@ -61,7 +61,9 @@ SETS = (
     MeasuredSet("kernels", "model.validate.kernels:kernel_runs",
                 "aiconfigurator-core 0.12.0 silicon tables (vLLM 0.24.0 kernels; NCCL through "
                 "the TRT-LLM harness), data/calibration/ops; the kernel curves are fitted on "
-                "them (data/calibration/kernels.yaml): in-sample, held-out below",
+                "them (data/calibration/kernels.yaml): in-sample, held-out below. A run is one "
+                "shape group in one load band, its time the geometric mean of its rows "
+                "(model.validate.kernels)",
                 "data/calibration/ops",
                 date="not stated by the tables (aiconfigurator-core 0.12.0 package data)",
                 held_out="model.validate.kernels:kernel_held_out"),
@@ -302,7 +304,8 @@ def report_markdown(result: dict) -> str:
 
 
 def write_report(result: dict) -> Path:
-    """Write the set's report beside its data (MeasuredSet.report_path)."""
+    """Write the set's report beside its data (MeasuredSet.report_path); returns its path
+    relative to the repository root."""
     path = measured_set(result["name"]).report_path
     path.write_text(report_markdown(result))
-    return path
+    return path.relative_to(ROOT)
