@@ -223,7 +223,8 @@ def validate(names: list[str] | None = None, cross_validate: bool = False) -> di
 
 
 # ---- the generated report -----------------------------------------------------------------------
-def _pct(value: float | None, signed: bool = False) -> str:
+def percent(value: float | None, signed: bool = False) -> str:
+    """A fraction as a percentage with one decimal ("-" for None)."""
     if value is None:
         return "-"
     return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
@@ -233,8 +234,8 @@ def _overall_lines(result: dict) -> list[str]:
     lines = ["| metric | median \\|error\\| | median error | mean \\|error\\| |",
              "|---|---:|---:|---:|"]
     for m, v in result["median_abs_error"].items():
-        lines.append(f"| {m} | {_pct(v)} | {_pct(result['median_error'][m], True)} | "
-                     f"{_pct(result['mean_abs_error'][m])} |")
+        lines.append(f"| {m} | {percent(v)} | {percent(result['median_error'][m], True)} | "
+                     f"{percent(result['mean_abs_error'][m])} |")
     return lines
 
 
@@ -245,14 +246,14 @@ def _held_out_lines(held_out: dict) -> list[str]:
     for scheme, s in held_out.items():
         for m, v in s["median_abs_error"].items():
             mean = (s.get("mean_abs_error") or {}).get(m)
-            lines.append(f"| {scheme} | {m} | {_pct(v)} | {_pct(mean)} | {s['source']} |")
+            lines.append(f"| {scheme} | {m} | {percent(v)} | {percent(mean)} | {s['source']} |")
     for scheme, s in held_out.items():
         if s.get("by_op"):
             metrics = list(next(iter(s["by_op"].values())))
             lines += ["", f"{scheme}, per op class:", "",
                       "| op | " + " | ".join(f"{m} median \\|error\\|" for m in metrics) + " |",
                       "|---|" + "---:|" * len(metrics)]
-            lines += [f"| {op} | " + " | ".join(_pct(v[m]) for m in metrics) + " |"
+            lines += [f"| {op} | " + " | ".join(percent(v[m]) for m in metrics) + " |"
                       for op, v in s["by_op"].items()]
     return lines + [""]
 
@@ -266,7 +267,7 @@ def _slice_lines(slices: dict, metrics: list[str]) -> list[str]:
                   f"| {key} | runs | predicted | " + " | ".join(metrics) + " |",
                   "|---|---:|---:|" + "---:|" * len(metrics)]
         for value, s in by_value.items():
-            cells = [f"{_pct(s['median_abs_error'][m])} ({_pct(s['median_error'][m], True)})"
+            cells = [f"{percent(s['median_abs_error'][m])} ({percent(s['median_error'][m], True)})"
                      for m in metrics]
             lines.append(f"| {value} | {s['rows']} | {s['predicted']} | " + " | ".join(cells)
                          + " |")

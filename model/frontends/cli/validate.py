@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from model.frontends.cli.output import JSON, emit
-from model.validate.scoreboard import set_names  # the registry only: no model code loads
+from model.validate.scoreboard import percent, set_names  # no model code loads
 
 SETS = typer.Argument(None, metavar="SET...",
                       help=f"measured sets (default: all): {', '.join(set_names())}")
@@ -21,28 +21,22 @@ def register(app: typer.Typer) -> None:
     app.command("validate")(validate_cmd)
 
 
-def _pct(value: float | None, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
-
-
 def set_lines(result: dict, verbose: bool) -> list[str]:
     """One line per metric of a set (runs, predicted, median |error|, median error, held-out
     median |error|), then with `verbose` one line per slice value and metric."""
     lines = []
     for m, v in result["median_abs_error"].items():
-        held = ", ".join(f"{scheme} {_pct(s['median_abs_error'].get(m))}"
+        held = ", ".join(f"{scheme} {percent(s['median_abs_error'].get(m))}"
                          for scheme, s in (result.get("held_out") or {}).items())
         lines.append(f"{result['name']:<18} {m:<24} {result['rows']:>6} {result['predicted']:>9}"
-                     f" {_pct(v):>12} {_pct(result['median_error'][m], True):>11}  {held}")
+                     f" {percent(v):>12} {percent(result['median_error'][m], True):>11}  {held}")
     if verbose:
         for key, by_value in result["slices"].items():
             for value, s in by_value.items():
                 for m, v in s["median_abs_error"].items():
                     lines.append(f"  {key + '=' + value:<42} {m:<24} {s['rows']:>6} "
-                                 f"{s['predicted']:>9} {_pct(v):>12} "
-                                 f"{_pct(s['median_error'][m], True):>11}")
+                                 f"{s['predicted']:>9} {percent(v):>12} "
+                                 f"{percent(s['median_error'][m], True):>11}")
     return lines
 
 
