@@ -30,6 +30,8 @@ from model.serve.policy import EnginePolicy
 from model.specs.defaults import MAX_NUM_SEQS
 from model.specs.errors import ServecastError
 from model.specs.hardware import load_hardware
+from model.validate.scoreboard import CONCURRENCY_BANDS as BANDS
+from model.validate.scoreboard import concurrency_band, run_record, run_slice
 
 RUNS = ROOT / "data" / "benchmarks" / "inferencex_agentx_2026-09-15.csv"
 DEPLOYMENTS = ROOT / "data" / "benchmarks" / "inferencex_agentx_deployments.yaml"
@@ -43,7 +45,7 @@ COLUMNS = {"metrics.tput_per_gpu": "tpgs", "metrics.p90_intvty": "p90_interactiv
            "total_gpus": "gpus"}
 METRICS = {"tpgs": "tpgs", "p90_interactivity": "p90_interactivity_tok_s",
            "p90_ttft": "p90_ttft_s"}
-BANDS = ((1, 4, "1-4 sessions"), (5, 24, "5-24"), (25, 99, "25-99"), (100, 10**6, "100+"))
+UNMAPPED = f"no deployment mapped ({DEPLOYMENTS.name} says why in its header)"
 
 
 def load_runs(path: Path = RUNS) -> pd.DataFrame:
@@ -146,16 +148,27 @@ def predict(runs: pd.DataFrame | None = None, groups: list[dict] | None = None
     return pd.DataFrame(rows), runs[~runs.id.isin(mapped)]
 
 
-def _band(conc: pd.Series) -> pd.Series:
-    out = pd.Series("", index=conc.index)
-    for lo, hi, name in BANDS:
-        out[(conc >= lo) & (conc <= hi)] = name
-    return out
+def agentx_runs(runs: pd.DataFrame | None = None, groups: list[dict] | None = None
+                ) -> list[dict]:
+    """The runs as scoreboard runs (model.validate.scoreboard): each run a group maps, predicted
+    by `predict`, then each other run of `runs` without a prediction (UNMAPPED)."""
+    runs = load_runs() if runs is None else runs
+    table, unmapped = predict(runs, groups)
+    out = [run_record(r.id, {METRICS[m]: getattr(r, f"{m}_measured") for m in METRICS},
+                      {METRICS[m]: getattr(r, f"{m}_model") for m in METRICS}, r.skip_reason,
+                      run_slice(CHIPS[r.hardware], ARCHES[r.model], r.framework, r.mode,
+                                concurrency_band(r.concurrency)))
+           for r in table.itertuples()]
+    return out + [run_record(r.id, {METRICS[m]: getattr(r, m) for m in METRICS}, None, UNMAPPED,
+                             run_slice(r.hardware, ARCHES.get(r.model, r.model), r.framework,
+                                       "disaggregated" if r.disagg else "aggregated",
+                                       concurrency_band(r.conc)))
+                  for r in unmapped.itertuples()]
 
 
 def summary(table: pd.DataFrame, by: str = "model") -> pd.DataFrame:
     """Median relative error and median |error| per metric, by `by` and load band."""
-    t = table.assign(band=_band(table.concurrency))
+    t = table.assign(band=table.concurrency.map(concurrency_band))
     rows = []
     order = {name: i for i, (_, _, name) in enumerate(BANDS)}
     groups = sorted(t.groupby([by, "band"]), key=lambda kv: (kv[0][0], order[kv[0][1]]))

@@ -9,16 +9,24 @@ reason. Errors are absolute percentage errors |pred - meas| / meas (fractions).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from model import ROOT
 from model.fit.cases import Case, case_components, case_plan_label, deployment_kind, load_cases
-from model.perf.engine_factors import load_loop_factors
+from model.perf.engine_factors import ENGINE_YAML, engine_table, load_loop_factors
 from model.serve.closed_loop import closed_loop, explain_terms
 
 GROUPS = ("system", "backend", "model")
+E2E_CSV = ROOT / "data" / "calibration" / "e2e_measured.csv"
+MODES = {"agg": "aggregated", "disagg": "disaggregated"}
+MEASURED_DATE = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")
+# engine.yaml score name -> the held-out scheme it stores (model.fit.engine.run)
+HELD_OUT = {"held_out_5fold_by_config": "5fold_by_config",
+            "held_out_leave_one_model_out": "leave_one_model_out"}
 
 
 def _factors(case: Case, factors: dict | None) -> dict:
@@ -118,3 +126,64 @@ def explain_table(cases: list[Case]) -> pd.DataFrame:
     table = check_table(cases)
     extra = pd.DataFrame([explain_case(c) for c in cases])
     return pd.concat([table, extra], axis=1)
+
+
+# ---- the calibration set of `servecast validate` (model.validate.scoreboard) -------------------
+def _measured_dates(path: Path) -> dict[str, str]:
+    """Run id -> the date its `silicon_data_source` says it was measured (rows that say)."""
+    df = pd.read_csv(path, usecols=["id", "silicon_data_source"])
+    found = df["silicon_data_source"].astype(str).str.extract(MEASURED_DATE, expand=False)
+    return {i: d for i, d in zip(df["id"], found, strict=True) if isinstance(d, str)}
+
+
+def calibration_runs(path: str | Path = E2E_CSV) -> list[dict]:
+    """The calibration runs as scoreboard runs: measured and predicted mean TTFT and TPOT as
+    `check` gives them, sliced by chip, model, backend, mode, concurrency band and deployment
+    kind (check's `by_deployment`), each with its measurement date where the row states it."""
+    from model.validate.scoreboard import concurrency_band, run_record, run_slice
+
+    table = check_table(load_cases(path))
+    dates = _measured_dates(Path(path))
+    return [run_record(r.id, {"ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms},
+                       {"ttft_ms": r.pred_ttft_ms, "tpot_ms": r.pred_tpot_ms},
+                       r.skip_reason if isinstance(r.skip_reason, str) else None,
+                       run_slice(r.system, r.model, r.backend, MODES.get(r.mode, r.mode),
+                                 concurrency_band(r.concurrency), {"deployment": r.deployment}),
+                       {"date": dates.get(r.id)})
+            for r in table.itertuples()]
+
+
+def calibration_held_out(recompute: bool = False) -> dict:
+    """Held-out errors of the engine factors (model.fit.engine): 5-fold by configuration and
+    leaving one model out. Stored in engine.yaml when the factors were fitted, or with
+    `recompute` refitted here per fold (minutes)."""
+    if recompute:
+        return _recomputed_held_out()
+    doc = engine_table()
+    source = (f"{ENGINE_YAML.relative_to(ROOT)}, stored by `python -m model.fit.engine` "
+              f"(fitted {doc.get('fitted')})")
+    out = {}
+    for key, scheme in HELD_OUT.items():
+        s = doc["scores"][key]["overall"]
+        out[scheme] = {"source": source, "rows": s["rows"],
+                       "median_abs_error": {"ttft_ms": s["ttft_median_ape"],
+                                            "tpot_ms": s["tpot_median_ape"]},
+                       "mean_abs_error": {"ttft_ms": s["ttft_mape"], "tpot_ms": s["tpot_mape"]}}
+    return out
+
+
+def _recomputed_held_out(path: Path = E2E_CSV) -> dict:
+    from model.fit.engine import component_table, config_folds, held_out
+    from model.validate.scoreboard import scores
+
+    table = component_table(path)
+    df = table[table["skip"].isna()].reset_index(drop=True)
+    out = {}
+    for scheme, groups in (("5fold_by_config", config_folds(df)),
+                           ("leave_one_model_out", df["model"])):
+        ttft, tpot = held_out(df, groups)
+        errors = {"ttft_ms": ttft / df["ttft_ms"].to_numpy() - 1,
+                  "tpot_ms": tpot / df["tpot_ms"].to_numpy() - 1}
+        out[scheme] = {"source": "recomputed: model.fit.engine.held_out, a refit per fold",
+                       **scores(errors, np.ones(len(df), dtype=bool))}
+    return out

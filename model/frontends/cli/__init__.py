@@ -15,7 +15,8 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 from model.specs.errors import ServecastError
 
-COMMAND_MODULES = ("hardware", "arch", "perf", "cache", "plan", "serve", "papers", "batch")
+COMMAND_MODULES = ("hardware", "arch", "perf", "cache", "plan", "serve", "papers", "batch",
+                   "validate")
 
 app = typer.Typer(
     add_completion=False,
