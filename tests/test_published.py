@@ -38,14 +38,21 @@ def test_ids_are_unique_and_rows_span_vendors_and_chips():
         r["chip"] for r in ROWS}
 
 
-def test_mlperf_rows_without_a_published_mean_input_are_skipped_not_guessed(runs):
-    # MLPerf publishes the reference's mean output length (tokens_per_sample 294.45 for
-    # llama2-70b, submission_checker/constants.py) but no mean input length
+def test_mlperf_lengths_come_from_the_dataset_and_the_reference_generation(runs):
+    # OpenOrca: 24,576 samples, mean input 222.33 tokens (per-sample lengths of the MLCommons
+    # dataset in openshift-psap/performance-dashboard mlperf-data/summaries/llama2-70b-99.csv);
+    # mean output 294.45, the reference's tokens_per_sample (submission_checker/constants.py)
     row = BY_ID["mlperf-v5.1-5.1-0069-b200-llama-2-70b-offline"]
-    assert float(row["osl_mean"]) == 294.45 and row["isl_mean"] == ""
+    assert float(row["isl_mean"]) == 222.33 and float(row["osl_mean"]) == 294.45
+    assert "llama2-70b-99.csv" in row["lengths_source"]
     run = runs[row["id"]]
-    assert run["predicted"]["output_tps_per_gpu"] is None
-    assert "mean input length" in run["skip_reason"]
+    assert run["skip_reason"] is None and run["concurrency"] == 2048
+
+
+def test_a_row_without_a_mean_input_length_is_skipped_not_guessed():
+    row = {**BY_ID["mlperf-v5.1-5.1-0069-b200-llama-2-70b-offline"], "isl_mean": ""}
+    out, concurrency, reason = published.predict_row(row)
+    assert out is None and concurrency is None and "mean input length" in reason
 
 
 def test_predicted_rows_are_finite(runs):
