@@ -212,3 +212,91 @@ def test_a_mutated_agentx_trace_is_refused_in_one_line(where, key, bad, tmp_path
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(doc))
     refusal(["cache", str(path), "--json"], capsys, str(path))
+
+
+TINY = ROOT / "tests" / "data" / "notebooks" / "tiny.py"  # x: float, y: int, label: str, ...
+GRID = {"notebook": str(TINY), "parameters": {"label": "t"}, "grid": {"x": [1, 2], "y": [3]}}
+
+
+def _grid_mutations():
+    """A valid grid over tests/data/notebooks/tiny.py with one field made impossible: the wrong
+    type, absent, negative, huge, unknown, a value of a type the notebook does not declare."""
+    wrong = [5, -1, 10**30, True, "text", [1, 2]]
+    out = [(("notebook",), bad) for bad in [5, -1, 10**30, True, [], {"a": 1}, None, "",
+                                            "../../../etc/passwd", "nosuch", "absent.ipynb",
+                                            "absent"]]
+    out += [(("parameters",), bad) for bad in wrong if bad != [1, 2]] + [(("parameters",),
+                                                                         [1, 2])]
+    out += [(("grid",), bad) for bad in wrong]
+    out += [(("grid", "x"), bad) for bad in [5, -1, "text", [], None, {"a": 1}, ["one", 2]]]
+    out += [(("grid", "y"), bad) for bad in [[2.5], [True], ["3"], [None]]]
+    out += [(("parameters", "label"), bad) for bad in [5, -1.5, True, None, ["t"]]]
+    out += [(("parameters", "figure"), bad) for bad in ["yes", 1, None]]
+    out += [(("parameters", "nosuch"), 1), (("grid", "nosuch"), [1]),
+            (("parameters", "output_dir"), "/tmp"), (("parameters", "x"), 1),
+            (("extra",), 1), (("Notebook",), str(TINY))]
+    out += [(("cases",), bad) for bad in [5, -1, "text", [], [{}], [5], {"z": 1},
+                                          [{"nosuch": 1}], [{"y": "two"}], [{"x": 3}]]]
+    out += [(("grid", "y"), list(range(20_000)))]  # 40,000 scenarios: past the cap
+    return out
+
+
+GRID_MUTATIONS = _grid_mutations()
+
+
+@pytest.mark.parametrize("where, bad", GRID_MUTATIONS,
+                         ids=[f"{'.'.join(w)}={str(b)[:20]!r}" for w, b in GRID_MUTATIONS])
+def test_a_mutated_grid_file_is_refused_in_one_line(where, bad, tmp_path, capsys):
+    import copy
+
+    import yaml
+
+    doc = copy.deepcopy(GRID)
+    parent = doc
+    for key in where[:-1]:
+        parent = parent[key]
+    if bad == "absent" and where == ("notebook",):
+        del parent[where[-1]]
+    else:
+        parent[where[-1]] = bad
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    argv = ["batch", str(path), "--out", str(tmp_path / "out"), "--json"]
+    line = refusal(argv, capsys, f"{path}: ")
+    assert where[0].lower() in line.lower()
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("empty.yaml", b"", "(top level): expected a mapping"),
+    ("binary.yaml", BINARY, "file: not UTF-8 text"),
+    ("list.yaml", b"- notebook: tiny\n", "(top level): expected a mapping"),
+    ("scalar.yaml", b"42\n", "(top level): expected a mapping"),
+    ("broken.yaml", b"notebook: [tiny\n", "yaml: not valid YAML"),
+    ("int_key.yaml", f"notebook: {TINY}\nparameters: {{1: 2}}\n".encode(), "parameters"),
+])
+def test_an_unreadable_grid_file_is_one_error_line(name, content, says, tmp_path, capsys):
+    path = tmp_path / name
+    path.write_bytes(content)
+    line = refusal(["batch", str(path), "--out", str(tmp_path / "out"), "--json"], capsys,
+                   f"{path}: ")
+    assert says in line
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("binary.ipynb", BINARY, "not a readable notebook"),
+    ("list.ipynb", b"[1, 2]", "not a readable notebook"),
+    ("plain.py", b"x = 1\n", "no cell tagged 'parameters'"),
+    ("broken.py", b'# %% tags=["parameters"]\nx: int = (\n', "not valid Python"),
+])
+def test_a_grid_naming_a_file_that_is_no_notebook_is_refused(name, content, says, tmp_path,
+                                                              capsys):
+    import yaml
+
+    notebook = tmp_path / name
+    notebook.write_bytes(content)
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"notebook": str(notebook), "grid": {"x": [1]}}))
+    line = refusal(["batch", str(path), "--out", str(tmp_path / "out"), "--json"], capsys,
+                   f"{path}: notebook: ")
+    assert says in line
