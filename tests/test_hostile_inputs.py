@@ -89,17 +89,23 @@ def test_an_unreadable_input_file_is_one_error_line_naming_it(command, name, con
 
 def _config_mutations():
     """Every integer field a real config.json states, set to what no model has: negative, not a
-    number, fractional, a boolean, and zero where the field is a size or count."""
+    number, fractional, a boolean, past any model's size, and zero where the field is a size or
+    count."""
     import json
 
-    from model.specs.families.common import INT_KEYS, POSITIVE_KEYS
+    from model.specs.families.common import INT_KEYS, MAX_INT_VALUE, MAX_LAYERS, POSITIVE_KEYS
 
     out = []
     for name in ("llama-3.1-70b", "deepseek-v3", "mixtral-8x7b"):
         cfg = json.loads((ROOT / "data" / "architectures" / f"{name}.json").read_text())
         for key in sorted(k for k in cfg if k in INT_KEYS):
-            bad = [-1, "eight", 2.5, True] + ([0] if key in POSITIVE_KEYS else [])
+            huge = MAX_LAYERS + 1 if key == "num_hidden_layers" else MAX_INT_VALUE + 1
+            bad = [-1, "eight", 2.5, True, huge] + ([0] if key in POSITIVE_KEYS else [])
             out += [(name, key, value) for value in bad]
+    # shapes that cannot go together: 64 query heads in groups of 48 KV heads, 9 of 8 experts
+    # per token, a hidden size that is no whole number of heads
+    out += [("llama-3.1-70b", "num_key_value_heads", 48), ("mixtral-8x7b", "num_experts_per_tok", 9),
+            ("deepseek-v3", "num_experts_per_tok", 257), ("llama-3.1-70b", "hidden_size", 8191)]
     return out
 
 
