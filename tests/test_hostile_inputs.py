@@ -172,6 +172,8 @@ def _hardware_mutations():
     out += [(key, None, "absent") for key in sizes]
     out += [(("peak_flops", fmt), "value", bad) for fmt in ("bf16", "fp8") for bad in (-5, 0, "x")]
     out += [("hbm_bandwidth", "unit", "furlongs"), ("hbm_bandwidth", "source", "S999")]
+    # an NVMe tier with a capacity and no bandwidth (or the reverse)
+    out += [("nvme_bandwidth_per_gpu", "value", 0), ("nvme_capacity_per_gpu", "value", 0)]
     return out
 
 

@@ -286,6 +286,12 @@ def _build(path: Path, spec: HardwareFile) -> Hardware:
         q: Quantity = getattr(spec, key)
         values[field] = _si(path, key, q, dimension, bounds)
         provenance[field] = _provenance(path, key, q, table)
+    if (values["nvme_bytes_per_gpu"] > 0) != (values["nvme_bandwidth_bytes_per_s_per_gpu"] > 0):
+        key = "nvme_bandwidth_per_gpu" if values["nvme_bytes_per_gpu"] > 0 else \
+            "nvme_capacity_per_gpu"
+        raise SpecError(path, f"{key}.value", "0 while the other NVMe figure is not: a local "
+                        "NVMe tier needs both a capacity and a bandwidth; allowed: both > 0, or "
+                        "both 0 (no local NVMe)")
     if not float(values["scale_up_domain_gpus"]).is_integer():
         raise SpecError(path, "scale_up_domain.value", "must be a whole number of GPUs")
     values["scale_up_domain_gpus"] = int(values["scale_up_domain_gpus"])
