@@ -49,6 +49,50 @@ CASES = [
     (MEMORY + ["--tp", "0"], "tp"),
 ]
 
+# Inputs past the cases above, each tried and found to answer with an impossible number, a
+# traceback, unbounded work or a late refusal; what each must say instead
+TRACE_FILE = str(ROOT / "data" / "traces" / "cc_traces_weka_042026_sample" / "trace_0001.json")
+CACHE = ["cache", TRACE_FILE]
+CSV = str(ROOT / "data" / "calibration" / "e2e_measured.csv")
+SPLIT = ["--prefill-tp", "4", "--decode-tp", "4"]
+NO_NVME = ["--arch", "qwen3-32b", "--hardware", "tpu7x"]  # hardware/tpu7x.yaml: no local NVMe
+CASES += [
+    (MEMORY + ["--context", "inf"], "--context"),  # had answered NaN sequences
+    (MEMORY + ["--context", "1e21"], "--context"),
+    # MiniMax M3's window is 1,048,576 tokens (data/architectures/minimax-m3.json)
+    (MEMORY + ["--context", "100000000"], "--context = 100,000,000 tokens exceeds"),
+    (MEMORY + ["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (MEMORY + ["--tp", "3"], "64 attention heads not divisible by tp=3"),
+    (["reload", "--arch", "minimax-m3", "--hardware", "b300", "--tp", "3"], "tp=3"),
+    (["reload", *NO_NVME, "--tier", "nvme"], "--tier: nvme: tpu7x has no local NVMe"),
+    (["kv", "minimax-m3", "--context", "1000", "--block-size", "1000000000000"],
+     "allowed: 1..1,048,576"),
+    (["prices", "claude-opus-5", "--on-date", "2026-13-45"], "allowed a calendar date"),
+    (["prices", "claude-opus-5", "--on-date", "2026-02-30"], "allowed a calendar date"),
+    (["workload", "show", "agentx", "--seed", "-1"], "--seed"),
+    # 10 million sessions had run 50 s and 4.5 GB before failing
+    (["workload", "show", "agentx", "--sessions", "10000000"], "--sessions"),
+    (SERVE + ["--moe-tp", "0"], "--moe-tp"),  # had read as unset
+    (SERVE + ["--seed", "-1"], "--seed"),
+    (SERVE[:-1] + ["100000"], "allowed: 1..512 (128 per GPU"),  # 4 GPUs
+    (["serve", *NO_NVME, "--workload", "agentx-v1", "--concurrency", "4", "--cache-tiers",
+      "hbm,host,nvme"], "--cache-tiers: nvme: tpu7x has no local NVMe"),
+    (EST + ["--moe-tp", "0"], "--moe-tp"),
+    (EST + SPLIT + ["--prefill-workers", "0"], "--prefill-workers"),  # had read as 1
+    (EST + SPLIT + ["--decode-workers", "-3"], "--decode-workers"),  # had divided by zero
+    (["plan", "--cost-basis", "foo"], "cost basis 'foo'"),  # had searched 25 s first
+    (["plan", "--concurrency", "100000"], "allowed: 1..1,536 (128 per GPU"),  # 12 GPUs
+    (["plan", "--deployment", "1x[tp4]", "--arch", "minimax-m3", "--hardware", "b300",
+      "--concurrency", "600"], "allowed: 1..512"),
+    (["plan", *NO_NVME, "--gpus", "2", "--cache-tiers", "hbm,host,nvme"], "--cache-tiers: nvme"),
+    (CACHE + ["--seed", "-1", "--replicas", "2", "--routing", "random"], "--seed"),
+    (CACHE + ["--replicas", "1000000"], "allowed: 1..1,024"),  # had run past a minute
+    (CACHE + ["--pool-tokens", "-5", "--replicas", "2"], "--pool-tokens"),
+    (CACHE + ["--pool-tokens", "nan", "--replicas", "2"], "--pool-tokens"),
+    (["check", CSV, "--show-skipped", "-5"], "--show-skipped"),
+    (["check", CSV, "--tp", "0"], "--tp"),
+]
+
 
 def refusal(argv: list[str], capsys, starts: str = "") -> str:
     """The one error line `argv` must give: exit 2, nothing on stdout, a single stderr line
@@ -308,3 +352,20 @@ def test_a_grid_naming_a_file_that_is_no_notebook_is_refused(name, content, says
     line = refusal(["batch", str(path), "--out", str(tmp_path / "out"), "--json"], capsys,
                    f"{path}: notebook: ")
     assert says in line
+
+
+@pytest.mark.parametrize("argv", [["hardware", "show"], ["workload", "show"],
+                                  ["arch", "show"], ["estimate", "--isl", "9", "--osl", "9",
+                                                     "--concurrency", "1", "--arch",
+                                                     "minimax-m3", "--hardware"]])
+@pytest.mark.parametrize("content", [BINARY, None], ids=["binary", "folder"])
+def test_a_spec_file_that_is_binary_or_a_folder_is_one_error_line(argv, content, tmp_path,
+                                                                  capsys):
+    # a hardware spec, a workload profile or a config.json named by path: a binary file (not
+    # UTF-8 text) or a folder is refused naming it, never a codec traceback
+    path = tmp_path / ("spec.json" if argv[:2] == ["arch", "show"] else "spec.yaml")
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    refusal(argv + [str(path), "--json"], capsys)
