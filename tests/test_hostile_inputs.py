@@ -91,6 +91,7 @@ CASES += [
     (CACHE + ["--pool-tokens", "nan", "--replicas", "2"], "--pool-tokens"),
     (["check", CSV, "--show-skipped", "-5"], "--show-skipped"),
     (["check", CSV, "--tp", "0"], "--tp"),
+    (["plan", "--max-num-batched-tokens", "1000000000000"], "--max-num-batched-tokens"),
 ]
 
 

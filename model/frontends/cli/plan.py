@@ -11,6 +11,9 @@ from model.frontends.cli.output import emit, positive
 from model.specs.defaults import DEFAULT_API_MODEL, DEFAULT_SCENARIO, MAX_NUM_BATCHED_TOKENS, MODES
 
 PARETO_POINTS = 8  # full-tier points added along the screening's front with --pareto
+# the search's work grows with the step budget: 131,072 tokens (16x vLLM's default) takes about
+# 3x the default's time; a budget of 10**12 does not finish in minutes
+PLAN_BUDGET_CAP = 131_072
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +40,7 @@ def register(app: typer.Typer) -> None:
             None, "--prefill-schedule-interval", min=1,
             help="Fix vLLM's prefill cadence (1 = every step); searched when omitted."),
         max_num_batched_tokens: int = typer.Option(
-            MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens", min=1,
+            MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens", min=1, max=PLAN_BUDGET_CAP,
             help="Token budget per engine step and DP rank."),
         concurrency: str | None = typer.Option(
             None, "--concurrency", help="Fix the client sessions (closed-loop lanes), one number "
