@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
 from model import ROOT
 from model.frontends.nbio import fast_notebook_imports, notebook_path
 from model.specs.errors import ServecastError, SpecError
-from model.specs.specio import Strict, read_yaml_mapping, validation_problem
+from model.specs.specio import Strict, validated
 
 NOTEBOOK_SUFFIXES = (".py", ".ipynb")
 # a batch of more scenarios than this is a typo in the grid (each one starts a kernel)
@@ -149,12 +149,7 @@ def notebook_parameters(path: Path) -> dict[str, str]:
 def load_grid(path: str | Path) -> Grid:
     """Read and validate a grid YAML; every problem names the file and the key."""
     path = Path(path)
-    raw = read_yaml_mapping(path)
-    try:
-        spec = GridFile.model_validate(raw)
-    except ValidationError as err:
-        key, problem = validation_problem(err.errors()[0], GridFile)
-        raise SpecError(path, key, problem) from None
+    spec = validated(path, GridFile)
     try:
         notebook = resolve_notebook(spec.notebook, path.parent)
         declared = notebook_parameters(notebook)

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from model import ROOT
 from model.specs.dtypes import dtype
@@ -35,9 +35,7 @@ from model.specs.specio import (
     Source,
     Sourced,
     Strict,
-    read_yaml_mapping,
     validated,
-    validation_problem,
 )
 
 HARDWARE_DIR = ROOT / "hardware"
@@ -351,13 +349,7 @@ def _build(path: Path, spec: HardwareFile) -> Hardware:
 @functools.lru_cache(maxsize=256)
 def _load_file(path_text: str) -> Hardware:
     path = Path(path_text)
-    data = read_yaml_mapping(path)
-    try:
-        spec = HardwareFile.model_validate(data)
-    except ValidationError as err:
-        key, problem = validation_problem(err.errors()[0], HardwareFile)
-        raise SpecError(path, key, problem) from None
-    return _build(path, spec)
+    return _build(path, validated(path, HardwareFile))
 
 
 def _normalize(name: str) -> str:
