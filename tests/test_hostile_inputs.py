@@ -370,3 +370,18 @@ def test_a_spec_file_that_is_binary_or_a_folder_is_one_error_line(argv, content,
     else:
         path.write_bytes(content)
     refusal(argv + [str(path), "--json"], capsys)
+
+
+def test_memory_sizes_a_context_within_the_window_unless_extrapolation_is_asked(capsys):
+    # Qwen3-32B config.json: max_position_embeddings 40,960. The default context is 131,072
+    # tokens or the window where shorter; 50,000 is refused naming the window, or answered with
+    # the extrapolation stated under --allow-beyond-window, as kv and estimate do
+    import json
+
+    args = ["memory", "--arch", "qwen3-32b", "--hardware", "h200", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["context_tokens"], out["assumptions"]) == (40960, [])
+    assert "40,960" in refusal(args + ["--context", "50000"], capsys, "--context = 50,000 tokens")
+    assert main(args + ["--context", "50000", "--allow-beyond-window"]) == 0
+    assert "window of 40,960" in json.loads(capsys.readouterr().out)["assumptions"][0]
