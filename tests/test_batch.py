@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from model.frontends.batch import load_grid, notebook_parameters, run_batch, scenario_id
+from model.frontends.batch import run_batch
+from model.frontends.grid import load_grid, notebook_parameters, scenario_id
 from model.frontends.nbio import notebook_names, notebook_path
 from model.specs.errors import ServecastError, SpecError
 
@@ -206,6 +207,7 @@ def test_every_notebook_parameter_cell_parses_for_papermill():
 GATED = """# %% tags=["parameters"]
 x: int = 1  # scenario number; x > 1 waits while the gate file exists
 gate: str = ""  # path of the gate file
+early: bool = False  # write a complete-looking headline and figure before the wait
 output_dir: str = "."  # where headline.json goes
 
 # %%
@@ -214,8 +216,12 @@ from pathlib import Path
 
 from model.frontends.nbio import write_headline
 
+if early:
+    write_headline(output_dir, {"x": x})
+    (Path(output_dir) / "early.png").write_bytes(b"")
 while x > 1 and Path(gate).exists():
     time.sleep(0.05)
+(Path(output_dir) / "past_the_gate").write_text("")
 write_headline(output_dir, {"x": x})
 """
 
@@ -238,17 +244,20 @@ def _wait_for(condition, timeout_s: float = 120.0) -> None:
 
 
 def test_ctrl_c_is_one_line_nonzero_and_resumable(tmp_path):
-    # x=1 finishes at once; x=2 blocks on the gate until interrupted. Ctrl-C goes to the whole
-    # foreground process group, as a terminal sends it.
+    # x=1 finishes at once; x=2 writes a complete-looking headline and figure, then blocks on
+    # the gate until interrupted. Ctrl-C goes to the whole foreground process group, as a
+    # terminal sends it.
     notebook = tmp_path / "gated.py"
     notebook.write_text(GATED)
     gate = tmp_path / "gate"
     gate.write_text("")
-    grid = write_grid(tmp_path, {"x": [1, 2]}, {"gate": str(gate)}, notebook=str(notebook))
+    grid = write_grid(tmp_path, {"x": [1, 2]}, {"gate": str(gate), "early": True},
+                      notebook=str(notebook))
     out = tmp_path / "out"
+    stage = out / "scenarios" / ".x=2.running"  # where x=2 runs until it is published
     proc = _start_batch(grid, out)
     _wait_for(lambda: (out / "scenarios" / "x=1" / ".done").is_file()
-              and (out / "scenarios" / "x=2" / "gated.ipynb").is_file())
+              and (stage / "early.png").is_file())
     time.sleep(1.0)  # x=2 is inside its cell now
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
@@ -259,17 +268,18 @@ def test_ctrl_c_is_one_line_nonzero_and_resumable(tmp_path):
     assert len(errors) == 1
     assert errors[0].startswith("servecast: error: batch interrupted: 1 of 2 scenarios finished "
                                 "(1 succeeded, 0 failed)")
-    # the interrupted scenario is not taken as finished; the summary is whole
-    assert not (out / "scenarios" / "x=2" / ".done").exists()
-    assert not (out / "scenarios" / "x=2" / "headline.json").exists()
+    # the interrupted scenario's complete-looking headline and figure stay in its hidden
+    # staging folder: its own folder never shows them without the completion marker
+    assert not (out / "scenarios" / "x=2").exists()
+    assert (stage / "headline.json").is_file() and not (stage / ".done").exists()
     summary = pd.read_csv(out / "summary.csv").set_index("scenario")
     assert summary.loc["x=1", "status"] == "succeeded"
     assert summary.loc["x=2", "status"] == "interrupted"
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no half-written summary
-    # no orphaned kernel goes on with x=2: opening the gate would let it write its headline
+    # no orphaned kernel goes on with x=2: opening the gate would let it past
     gate.unlink()
     time.sleep(2.0)
-    assert not (out / "scenarios" / "x=2" / "headline.json").exists()
+    assert not (stage / "past_the_gate").exists()
 
     # Rerun (the gate is open): x=1 is skipped and keeps its recorded time, x=2 runs.
     elapsed = json.loads((out / "scenarios" / "x=1" / ".done").read_text())["elapsed_s"]
@@ -278,6 +288,7 @@ def test_ctrl_c_is_one_line_nonzero_and_resumable(tmp_path):
     rows = again.summary.set_index("scenario")
     assert rows.loc["x=1", "elapsed_s"] == pytest.approx(elapsed, abs=1e-3)
     assert rows.loc["x=2", "x"] == 2 and not bool(rows.loc["x=2", "skipped"])
+    assert (out / "scenarios" / "x=2" / "past_the_gate").is_file() and not stage.exists()
 
 
 def test_kernels_talk_over_their_own_unix_sockets(tmp_path):
@@ -330,3 +341,32 @@ def test_a_truncated_headline_reruns_that_scenario_only(tmp_path):
     again = run_batch(grid, out, workers=1, progress=False)
     assert (again.succeeded, again.failed, again.skipped) == (2, 0, 1)
     assert again.summary.set_index("scenario").loc["x=2", "product"] == 6  # 2 * 3, rerun
+
+
+def test_a_complete_looking_scenario_without_its_marker_reruns(tmp_path):
+    # what an interrupted run of an older layout left: headline.json and the figure in the
+    # scenario's folder, no completion marker. The rerun takes it as unfinished and runs it
+    # (2 * 3 = 6), and the other scenario is skipped.
+    out = tmp_path / "out"
+    grid = write_grid(tmp_path, {"x": [2, 3]}, {"y": 3, "figure": True})
+    run_batch(grid, out, workers=1, progress=False)
+    folder = out / "scenarios" / "x=2"
+    assert (folder / "line.png").is_file()
+    (folder / ".done").unlink()
+    (folder / "headline.json").write_text(json.dumps({"product": 999}))
+    again = run_batch(grid, out, workers=1, progress=False)
+    assert (again.succeeded, again.failed, again.skipped) == (2, 0, 1)
+    assert again.summary.set_index("scenario").loc["x=2", "product"] == 6
+    assert (folder / ".done").is_file()
+
+
+def test_a_failed_scenario_is_published_without_a_headline(tmp_path):
+    # 30 * 2 = 60 > 50 fails after nothing was written: its folder holds the error and the
+    # executed notebook, never a headline; the staging folder is gone
+    out = tmp_path / "out"
+    run_batch(write_grid(tmp_path, {"x": [30]}, {"y": 2}), out, workers=1, progress=False)
+    folder = out / "scenarios" / "x=30"
+    assert (folder / "error.txt").read_text().startswith("Infeasible: x*y = 60")
+    assert (folder / "tiny.ipynb").is_file()
+    assert not (folder / "headline.json").exists() and not (folder / ".done").exists()
+    assert [p.name for p in (out / "scenarios").iterdir()] == ["x=30"]

@@ -49,6 +49,51 @@ CASES = [
     (MEMORY + ["--tp", "0"], "tp"),
 ]
 
+# Inputs past the cases above, each tried and found to answer with an impossible number, a
+# traceback, unbounded work or a late refusal; what each must say instead
+TRACE_FILE = str(ROOT / "data" / "traces" / "cc_traces_weka_042026_sample" / "trace_0001.json")
+CACHE = ["cache", TRACE_FILE]
+CSV = str(ROOT / "data" / "calibration" / "e2e_measured.csv")
+SPLIT = ["--prefill-tp", "4", "--decode-tp", "4"]
+NO_NVME = ["--arch", "qwen3-32b", "--hardware", "tpu7x"]  # hardware/tpu7x.yaml: no local NVMe
+CASES += [
+    (MEMORY + ["--context", "inf"], "--context"),  # had answered NaN sequences
+    (MEMORY + ["--context", "1e21"], "--context"),
+    # MiniMax M3's window is 1,048,576 tokens (data/architectures/minimax-m3.json)
+    (MEMORY + ["--context", "100000000"], "--context = 100,000,000 tokens exceeds"),
+    (MEMORY + ["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (MEMORY + ["--tp", "3"], "64 attention heads not divisible by tp=3"),
+    (["reload", "--arch", "minimax-m3", "--hardware", "b300", "--tp", "3"], "tp=3"),
+    (["reload", *NO_NVME, "--tier", "nvme"], "--tier: nvme: tpu7x has no local NVMe"),
+    (["kv", "minimax-m3", "--context", "1000", "--block-size", "1000000000000"],
+     "allowed: 1..1,048,576"),
+    (["prices", "claude-opus-5", "--on-date", "2026-13-45"], "allowed a calendar date"),
+    (["prices", "claude-opus-5", "--on-date", "2026-02-30"], "allowed a calendar date"),
+    (["workload", "show", "agentx", "--seed", "-1"], "--seed"),
+    # 10 million sessions had run 50 s and 4.5 GB before failing
+    (["workload", "show", "agentx", "--sessions", "10000000"], "--sessions"),
+    (SERVE + ["--moe-tp", "0"], "--moe-tp"),  # had read as unset
+    (SERVE + ["--seed", "-1"], "--seed"),
+    (SERVE[:-1] + ["100000"], "allowed: 1..512 (128 per GPU"),  # 4 GPUs
+    (["serve", *NO_NVME, "--workload", "agentx-v1", "--concurrency", "4", "--cache-tiers",
+      "hbm,host,nvme"], "--cache-tiers: nvme: tpu7x has no local NVMe"),
+    (EST + ["--moe-tp", "0"], "--moe-tp"),
+    (EST + SPLIT + ["--prefill-workers", "0"], "--prefill-workers"),  # had read as 1
+    (EST + SPLIT + ["--decode-workers", "-3"], "--decode-workers"),  # had divided by zero
+    (["plan", "--cost-basis", "foo"], "cost basis 'foo'"),  # had searched 25 s first
+    (["plan", "--concurrency", "100000"], "allowed: 1..1,536 (128 per GPU"),  # 12 GPUs
+    (["plan", "--deployment", "1x[tp4]", "--arch", "minimax-m3", "--hardware", "b300",
+      "--concurrency", "600"], "allowed: 1..512"),
+    (["plan", *NO_NVME, "--gpus", "2", "--cache-tiers", "hbm,host,nvme"], "--cache-tiers: nvme"),
+    (CACHE + ["--seed", "-1", "--replicas", "2", "--routing", "random"], "--seed"),
+    (CACHE + ["--replicas", "1000000"], "allowed: 1..1,024"),  # had run past a minute
+    (CACHE + ["--pool-tokens", "-5", "--replicas", "2"], "--pool-tokens"),
+    (CACHE + ["--pool-tokens", "nan", "--replicas", "2"], "--pool-tokens"),
+    (["check", CSV, "--show-skipped", "-5"], "--show-skipped"),
+    (["check", CSV, "--tp", "0"], "--tp"),
+    (["plan", "--max-num-batched-tokens", "1000000000000"], "--max-num-batched-tokens"),
+]
+
 
 def refusal(argv: list[str], capsys, starts: str = "") -> str:
     """The one error line `argv` must give: exit 2, nothing on stdout, a single stderr line
@@ -89,17 +134,23 @@ def test_an_unreadable_input_file_is_one_error_line_naming_it(command, name, con
 
 def _config_mutations():
     """Every integer field a real config.json states, set to what no model has: negative, not a
-    number, fractional, a boolean, and zero where the field is a size or count."""
+    number, fractional, a boolean, past any model's size, and zero where the field is a size or
+    count."""
     import json
 
-    from model.specs.families.common import INT_KEYS, POSITIVE_KEYS
+    from model.specs.families.common import INT_KEYS, MAX_INT_VALUE, MAX_LAYERS, POSITIVE_KEYS
 
     out = []
     for name in ("llama-3.1-70b", "deepseek-v3", "mixtral-8x7b"):
         cfg = json.loads((ROOT / "data" / "architectures" / f"{name}.json").read_text())
         for key in sorted(k for k in cfg if k in INT_KEYS):
-            bad = [-1, "eight", 2.5, True] + ([0] if key in POSITIVE_KEYS else [])
+            huge = MAX_LAYERS + 1 if key == "num_hidden_layers" else MAX_INT_VALUE + 1
+            bad = [-1, "eight", 2.5, True, huge] + ([0] if key in POSITIVE_KEYS else [])
             out += [(name, key, value) for value in bad]
+    # shapes that cannot go together: 64 query heads in groups of 48 KV heads, 9 of 8 experts
+    # per token, a hidden size that is no whole number of heads
+    out += [("llama-3.1-70b", "num_key_value_heads", 48), ("mixtral-8x7b", "num_experts_per_tok", 9),
+            ("deepseek-v3", "num_experts_per_tok", 257), ("llama-3.1-70b", "hidden_size", 8191)]
     return out
 
 
@@ -166,6 +217,8 @@ def _hardware_mutations():
     out += [(key, None, "absent") for key in sizes]
     out += [(("peak_flops", fmt), "value", bad) for fmt in ("bf16", "fp8") for bad in (-5, 0, "x")]
     out += [("hbm_bandwidth", "unit", "furlongs"), ("hbm_bandwidth", "source", "S999")]
+    # an NVMe tier with a capacity and no bandwidth (or the reverse)
+    out += [("nvme_bandwidth_per_gpu", "value", 0), ("nvme_capacity_per_gpu", "value", 0)]
     return out
 
 
@@ -212,3 +265,123 @@ def test_a_mutated_agentx_trace_is_refused_in_one_line(where, key, bad, tmp_path
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(doc))
     refusal(["cache", str(path), "--json"], capsys, str(path))
+
+
+TINY = ROOT / "tests" / "data" / "notebooks" / "tiny.py"  # x: float, y: int, label: str, ...
+GRID = {"notebook": str(TINY), "parameters": {"label": "t"}, "grid": {"x": [1, 2], "y": [3]}}
+
+
+def _grid_mutations():
+    """A valid grid over tests/data/notebooks/tiny.py with one field made impossible: the wrong
+    type, absent, negative, huge, unknown, a value of a type the notebook does not declare."""
+    wrong = [5, -1, 10**30, True, "text", [1, 2]]
+    out = [(("notebook",), bad) for bad in [5, -1, 10**30, True, [], {"a": 1}, None, "",
+                                            "../../../etc/passwd", "nosuch", "absent.ipynb",
+                                            "absent"]]
+    out += [(("parameters",), bad) for bad in wrong if bad != [1, 2]] + [(("parameters",),
+                                                                         [1, 2])]
+    out += [(("grid",), bad) for bad in wrong]
+    out += [(("grid", "x"), bad) for bad in [5, -1, "text", [], None, {"a": 1}, ["one", 2]]]
+    out += [(("grid", "y"), bad) for bad in [[2.5], [True], ["3"], [None]]]
+    out += [(("parameters", "label"), bad) for bad in [5, -1.5, True, None, ["t"]]]
+    out += [(("parameters", "figure"), bad) for bad in ["yes", 1, None]]
+    out += [(("parameters", "nosuch"), 1), (("grid", "nosuch"), [1]),
+            (("parameters", "output_dir"), "/tmp"), (("parameters", "x"), 1),
+            (("extra",), 1), (("Notebook",), str(TINY))]
+    out += [(("cases",), bad) for bad in [5, -1, "text", [], [{}], [5], {"z": 1},
+                                          [{"nosuch": 1}], [{"y": "two"}], [{"x": 3}]]]
+    out += [(("grid", "y"), list(range(20_000)))]  # 40,000 scenarios: past the cap
+    return out
+
+
+GRID_MUTATIONS = _grid_mutations()
+
+
+@pytest.mark.parametrize("where, bad", GRID_MUTATIONS,
+                         ids=[f"{'.'.join(w)}={str(b)[:20]!r}" for w, b in GRID_MUTATIONS])
+def test_a_mutated_grid_file_is_refused_in_one_line(where, bad, tmp_path, capsys):
+    import copy
+
+    import yaml
+
+    doc = copy.deepcopy(GRID)
+    parent = doc
+    for key in where[:-1]:
+        parent = parent[key]
+    if bad == "absent" and where == ("notebook",):
+        del parent[where[-1]]
+    else:
+        parent[where[-1]] = bad
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    argv = ["batch", str(path), "--out", str(tmp_path / "out"), "--json"]
+    line = refusal(argv, capsys, f"{path}: ")
+    assert where[0].lower() in line.lower()
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("empty.yaml", b"", "(top level): expected a mapping"),
+    ("binary.yaml", BINARY, "file: not UTF-8 text"),
+    ("list.yaml", b"- notebook: tiny\n", "(top level): expected a mapping"),
+    ("scalar.yaml", b"42\n", "(top level): expected a mapping"),
+    ("broken.yaml", b"notebook: [tiny\n", "yaml: not valid YAML"),
+    ("int_key.yaml", f"notebook: {TINY}\nparameters: {{1: 2}}\n".encode(), "parameters"),
+])
+def test_an_unreadable_grid_file_is_one_error_line(name, content, says, tmp_path, capsys):
+    path = tmp_path / name
+    path.write_bytes(content)
+    line = refusal(["batch", str(path), "--out", str(tmp_path / "out"), "--json"], capsys,
+                   f"{path}: ")
+    assert says in line
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("binary.ipynb", BINARY, "not a readable notebook"),
+    ("list.ipynb", b"[1, 2]", "not a readable notebook"),
+    ("plain.py", b"x = 1\n", "no cell tagged 'parameters'"),
+    ("broken.py", b'# %% tags=["parameters"]\nx: int = (\n', "not valid Python"),
+])
+def test_a_grid_naming_a_file_that_is_no_notebook_is_refused(name, content, says, tmp_path,
+                                                              capsys):
+    import yaml
+
+    notebook = tmp_path / name
+    notebook.write_bytes(content)
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"notebook": str(notebook), "grid": {"x": [1]}}))
+    line = refusal(["batch", str(path), "--out", str(tmp_path / "out"), "--json"], capsys,
+                   f"{path}: notebook: ")
+    assert says in line
+
+
+@pytest.mark.parametrize("argv", [["hardware", "show"], ["workload", "show"],
+                                  ["arch", "show"], ["estimate", "--isl", "9", "--osl", "9",
+                                                     "--concurrency", "1", "--arch",
+                                                     "minimax-m3", "--hardware"]])
+@pytest.mark.parametrize("content", [BINARY, None], ids=["binary", "folder"])
+def test_a_spec_file_that_is_binary_or_a_folder_is_one_error_line(argv, content, tmp_path,
+                                                                  capsys):
+    # a hardware spec, a workload profile or a config.json named by path: a binary file (not
+    # UTF-8 text) or a folder is refused naming it, never a codec traceback
+    path = tmp_path / ("spec.json" if argv[:2] == ["arch", "show"] else "spec.yaml")
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    refusal(argv + [str(path), "--json"], capsys)
+
+
+def test_memory_sizes_a_context_within_the_window_unless_extrapolation_is_asked(capsys):
+    # Qwen3-32B config.json: max_position_embeddings 40,960. The default context is 131,072
+    # tokens or the window where shorter; 50,000 is refused naming the window, or answered with
+    # the extrapolation stated under --allow-beyond-window, as kv and estimate do
+    import json
+
+    args = ["memory", "--arch", "qwen3-32b", "--hardware", "h200", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["context_tokens"], out["assumptions"]) == (40960, [])
+    assert "40,960" in refusal(args + ["--context", "50000"], capsys, "--context = 50,000 tokens")
+    assert main(args + ["--context", "50000", "--allow-beyond-window"]) == 0
+    assert "window of 40,960" in json.loads(capsys.readouterr().out)["assumptions"][0]

@@ -1,13 +1,12 @@
 """Papermill batches: one notebook over a grid of parameters, one tidy summary row per scenario.
 
-A grid YAML names a `notebook` (a name under notebooks/ or a path to a jupytext .py / .ipynb),
-`parameters` fixed for every scenario and `grid` (name -> list of values); scenarios are the
-cartesian product, in the grid's key order. An optional `cases` list (each a mapping of
-parameters that go together, e.g. a model with its hardware and GPU count) multiplies the grid:
-scenarios = cases x grid. Each scenario runs in its own folder
-`OUT/scenarios/<id>/` (executed notebook, headline.json, figures). A scenario is finished when its
-folder holds `headline.json` and the completion marker `.done` (written last, recording the
-parameters), so a rerun skips finished scenarios and an interrupted one is simply run again.
+The grid file (model.frontends.grid) gives the scenarios: cases x the cartesian product of the
+grid. Each scenario runs in a hidden staging folder `OUT/scenarios/.<id>.running/` and is renamed
+to `OUT/scenarios/<id>/` (executed notebook, headline.json, figures) when it ends, its completion
+marker `.done` (recording the parameters) written last before the rename; so a scenario's folder
+never shows a headline or a figure of a run that did not finish. A scenario is finished when its
+folder holds a readable `headline.json` and `.done` for the same parameters: a rerun skips
+finished scenarios, and an interrupted, partial or unreadable one is simply run again.
 A failing scenario becomes one `failed` row carrying its error; the others finish.
 `summary.csv` and `summary.parquet` are rewritten atomically after the batch.
 
@@ -19,14 +18,12 @@ line on stderr from the CLI, a non-zero exit, no traceback. A rerun resumes.
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import hashlib
-import itertools
 import json
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -34,29 +31,27 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from tqdm import tqdm
 
-from model import ROOT
+from model.frontends.grid import Scenario, load_grid
 from model.frontends.nbio import (
     HEADLINE,
     KERNEL_LOG,
     LiveKernels,
     execute_notebook,
-    fast_notebook_imports,
-    notebook_path,
     plain,
     read_headline,
 )
-from model.specs.errors import ServecastError, SpecError
-from model.specs.specio import publish, read_yaml_mapping, write_atomic
+from model.specs.errors import ServecastError
+from model.specs.specio import publish, write_atomic
 
-GRID_KEYS = ("notebook", "parameters", "grid", "cases")
 DONE = ".done"
+STAGING_SUFFIX = ".running"  # a scenario runs in OUT/scenarios/.<id>.running, then is renamed
 SCENARIOS_DIR = "scenarios"
 SUMMARY = "summary"
 FIGURE_SUFFIXES = (".png", ".svg")
@@ -70,36 +65,6 @@ WORKER_STOP_WAIT_S = 5.0  # after SIGTERM, how long a worker gets before SIGKILL
 
 class BatchInterrupted(ServecastError):
     """The batch was interrupted; finished scenarios are kept and a rerun resumes."""
-
-
-@dataclass(frozen=True)
-class Grid:
-    """A validated batch grid: the notebook file, fixed parameters and swept values."""
-
-    path: Path
-    notebook: Path
-    parameters: dict[str, Any]
-    grid: dict[str, list[Any]]
-    cases: tuple[dict[str, Any], ...] = ({},)
-
-    def scenarios(self) -> list[Scenario]:
-        names = list(self.grid)
-        out = []
-        for case in self.cases:
-            for values in itertools.product(*(self.grid[n] for n in names)):
-                swept = {**case, **dict(zip(names, values, strict=True))}
-                out.append(Scenario(scenario_id(swept), {**self.parameters, **swept}, swept))
-        ids = [s.id for s in out]
-        if len(set(ids)) != len(ids):
-            raise SpecError(self.path, "grid", "two scenarios share an id (duplicate values?)")
-        return out
-
-
-@dataclass(frozen=True)
-class Scenario:
-    id: str
-    parameters: dict[str, Any]
-    swept: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -120,111 +85,6 @@ class BatchResult:
             "out_dir": str(self.summary_path.parent),
             "failures": failures.to_dict(orient="records"),
         }
-
-
-def scenario_id(swept: dict[str, Any]) -> str:
-    """Readable, filesystem-safe and stable: `arch=kimi-k3__gpus=16` (hashed when too long)."""
-    if not swept:
-        return "default"
-    # Empty strings (a notebook's "use the default") add nothing to the name.
-    text = "__".join(f"{k}={_slug(v)}" for k, v in swept.items() if v != "") or "default"
-    if len(text) > 120:
-        digest = hashlib.sha1(json.dumps(swept, sort_keys=True, default=str).encode()).hexdigest()
-        text = f"{text[:100]}__{digest[:10]}"
-    return text
-
-
-def _slug(value: Any) -> str:
-    text = json.dumps(value, default=str) if isinstance(value, (list, dict)) else str(value)
-    return re.sub(r"[^A-Za-z0-9._+-]+", "_", text) or "empty"
-
-
-# ---------------------------------------------------------------- grid loading and validation
-
-
-def resolve_notebook(spec: str, base: Path) -> Path:
-    """A notebook name under notebooks/, or a path (relative to the grid file, then the repo)."""
-    if not isinstance(spec, str) or not spec:
-        raise ServecastError("notebook must be a notebook name or path")
-    if spec.endswith((".py", ".ipynb")) or "/" in spec:
-        if not spec.endswith((".py", ".ipynb")):
-            raise ServecastError(f"notebook {spec!r}: a path must name a jupytext .py or an "
-                                 f".ipynb file")
-        for candidate in (base / spec, ROOT / spec, Path(spec)):
-            if candidate.is_file():
-                return candidate.resolve()
-        raise ServecastError(f"notebook file {spec!r} not found (looked beside the grid file "
-                             f"and in {ROOT})")
-    return notebook_path(spec)
-
-
-def notebook_parameters(path: Path) -> dict[str, str]:
-    """Names declared in the notebook's `parameters` cell -> their annotation (or '')."""
-    fast_notebook_imports()
-    import jupytext  # heavy: only when a grid is loaded
-
-    nb = jupytext.read(path)
-    for cell in nb.cells:
-        if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
-            names: dict[str, str] = {}
-            for node in ast.parse(cell.source).body:
-                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                    names[node.target.id] = ast.unparse(node.annotation)
-                elif isinstance(node, ast.Assign):
-                    for target in node.targets:
-                        if isinstance(target, ast.Name):
-                            names[target.id] = ""
-            return names
-    raise ServecastError(f"{path}: no cell tagged 'parameters' (papermill needs one)")
-
-
-def load_grid(path: str | Path) -> Grid:
-    """Read and validate a grid YAML; every problem names the file and the key."""
-    path = Path(path)
-    raw = read_yaml_mapping(path)
-    unknown = sorted(set(raw) - set(GRID_KEYS))
-    if unknown:
-        raise SpecError(path, unknown[0], f"unknown key; allowed: {', '.join(GRID_KEYS)}")
-    if "notebook" not in raw:
-        raise SpecError(path, "notebook", "missing; name a notebook under notebooks/ or a path")
-    try:
-        notebook = resolve_notebook(raw["notebook"], path.parent)
-    except ServecastError as err:
-        raise SpecError(path, "notebook", str(err)) from None
-    parameters = raw.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise SpecError(path, "parameters", "expected a mapping name -> value")
-    grid = raw.get("grid") or {}
-    if not isinstance(grid, dict):
-        raise SpecError(path, "grid", "expected a mapping name -> list of values")
-    for name, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise SpecError(path, f"grid.{name}", "expected a non-empty list of values")
-    both = sorted(set(parameters) & set(grid))
-    if both:
-        raise SpecError(path, f"grid.{both[0]}", "also set under parameters; keep one")
-    cases = raw.get("cases")
-    if cases is None:
-        cases = [{}]
-    elif not isinstance(cases, list) or not cases or \
-            not all(isinstance(c, dict) and c for c in cases):
-        raise SpecError(path, "cases", "expected a list of non-empty mappings name -> value")
-    case_names = {name for case in cases for name in case}
-    clash = sorted(case_names & (set(parameters) | set(grid)))
-    if clash:
-        raise SpecError(path, f"cases.{clash[0]}", "also set under parameters or grid; keep one")
-    allowed = notebook_parameters(notebook)
-    for section, names in (("parameters", parameters), ("grid", grid),
-                           ("cases", dict.fromkeys(case_names))):
-        for name in names:
-            if name == "output_dir":
-                raise SpecError(path, f"{section}.output_dir", "set by the batch runner")
-            if name not in allowed:
-                raise SpecError(path, f"{section}.{name}",
-                                f"not a parameter of {notebook.name}; allowed: "
-                                f"{', '.join(n for n in allowed if n != 'output_dir')}")
-    return Grid(path, notebook, dict(parameters), {k: list(v) for k, v in grid.items()},
-                tuple(dict(c) for c in cases))
 
 
 # ---------------------------------------------------------------- running one scenario
@@ -261,12 +121,21 @@ def is_finished(folder: Path, parameters: dict[str, Any]) -> bool:
     return recorded == _plain(parameters)
 
 
-def _clear_leftovers(folder: Path) -> None:
-    """Temporary files an interrupted run left behind (`.<name>.<random>` from mkstemp, the
-    staged notebook, the kernel log): hidden files only, never results."""
-    for path in folder.glob(".*"):
-        if path.is_file():
-            path.unlink(missing_ok=True)
+def staging_dir(folder: Path) -> Path:
+    """Where a scenario runs before it is published as `folder`: hidden beside it."""
+    return folder.with_name(f".{folder.name}{STAGING_SUFFIX}")
+
+
+def publish_dir(stage: Path, folder: Path) -> None:
+    """Put the finished `stage` in place of `folder` by renames: `folder` is at every moment
+    the old run, absent, or the new run whole (an interrupt in between leaves it absent, and
+    the scenario reruns)."""
+    old = folder.with_name(f".{folder.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(stage, folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def recorded_elapsed_s(folder: Path) -> float:
@@ -279,34 +148,40 @@ def recorded_elapsed_s(folder: Path) -> float:
 
 def run_scenario(notebook: str, scenario_dir: str, parameters: dict[str, Any],
                  timeout_s: int = 600) -> dict[str, Any]:
-    """Run one scenario; never raises (a failure is returned as a row). Picklable for workers."""
+    """Run one scenario; never raises (a failure is returned as a row). Picklable for workers.
+
+    The notebook runs in a hidden staging folder; the completion marker is written there last
+    and the folder is then renamed into place, so the scenario's own folder never holds a
+    headline or figure of a run that did not finish. A failed run is published without its
+    headline (its executed notebook, figures and error.txt stay for reading)."""
     folder = Path(scenario_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    _clear_leftovers(folder)  # also removes the completion marker
-    (folder / HEADLINE).unlink(missing_ok=True)  # a stale headline must not pass as this run's
-    (folder / "error.txt").unlink(missing_ok=True)
+    stage = staging_dir(folder)
+    shutil.rmtree(stage, ignore_errors=True)  # what an interrupted run left
+    stage.mkdir(parents=True)
     start = time.perf_counter()
     kernels = LiveKernels()
     for attempt in range(1 + KERNEL_START_RETRIES):
         try:
             with _kernels_die_with_worker(kernels):
-                headline = execute_notebook(Path(notebook), parameters, folder, timeout_s,
+                headline = execute_notebook(Path(notebook), parameters, stage, timeout_s,
                                             kernels)
             status, error = "succeeded", ""
             elapsed = time.perf_counter() - start
-            write_atomic(folder / DONE, json.dumps({"parameters": _plain(parameters),
-                                                    "elapsed_s": elapsed,
-                                                    "finished_unix_s": time.time()}))
+            write_atomic(stage / DONE, json.dumps({"parameters": _plain(parameters),
+                                                   "elapsed_s": elapsed,
+                                                   "finished_unix_s": time.time()}))
             break
         except Exception as err:  # isolate: any failure inside the scenario is its row's error
             headline, status, error = {}, "failed", error_line(err)
             elapsed = time.perf_counter() - start
             if not _kernel_start_failure(err) or attempt == KERNEL_START_RETRIES:
-                log = folder / KERNEL_LOG
+                log = stage / KERNEL_LOG
                 if "Kernel died" in error and log.is_file() and log.stat().st_size:
-                    error = f"{error} (kernel log: {log})"
-                write_atomic(folder / "error.txt", error + "\n")
+                    error = f"{error} (kernel log: {folder / KERNEL_LOG})"
+                (stage / HEADLINE).unlink(missing_ok=True)
+                write_atomic(stage / "error.txt", error + "\n")
                 break
+    publish_dir(stage, folder)
     # the time the marker records, so a skipped rerun reports the same number
     return {"status": status, "error": error, "elapsed_s": elapsed, "headline": headline}
 

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from model import ROOT
 from model.specs.dtypes import dtype
@@ -35,9 +35,7 @@ from model.specs.specio import (
     Source,
     Sourced,
     Strict,
-    read_yaml_mapping,
     validated,
-    validation_problem,
 )
 
 HARDWARE_DIR = ROOT / "hardware"
@@ -286,6 +284,12 @@ def _build(path: Path, spec: HardwareFile) -> Hardware:
         q: Quantity = getattr(spec, key)
         values[field] = _si(path, key, q, dimension, bounds)
         provenance[field] = _provenance(path, key, q, table)
+    if (values["nvme_bytes_per_gpu"] > 0) != (values["nvme_bandwidth_bytes_per_s_per_gpu"] > 0):
+        key = "nvme_bandwidth_per_gpu" if values["nvme_bytes_per_gpu"] > 0 else \
+            "nvme_capacity_per_gpu"
+        raise SpecError(path, f"{key}.value", "0 while the other NVMe figure is not: a local "
+                        "NVMe tier needs both a capacity and a bandwidth; allowed: both > 0, or "
+                        "both 0 (no local NVMe)")
     if not float(values["scale_up_domain_gpus"]).is_integer():
         raise SpecError(path, "scale_up_domain.value", "must be a whole number of GPUs")
     values["scale_up_domain_gpus"] = int(values["scale_up_domain_gpus"])
@@ -345,13 +349,7 @@ def _build(path: Path, spec: HardwareFile) -> Hardware:
 @functools.lru_cache(maxsize=256)
 def _load_file(path_text: str) -> Hardware:
     path = Path(path_text)
-    data = read_yaml_mapping(path)
-    try:
-        spec = HardwareFile.model_validate(data)
-    except ValidationError as err:
-        key, problem = validation_problem(err.errors()[0], HardwareFile)
-        raise SpecError(path, key, problem) from None
-    return _build(path, spec)
+    return _build(path, validated(path, HardwareFile))
 
 
 def _normalize(name: str) -> str:

@@ -7,6 +7,7 @@ force on that date. Names are case-insensitive and `_`, `.`, `-`, spaces alike.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import re
 from pathlib import Path
@@ -96,6 +97,16 @@ def _date_key(date: str) -> tuple[int, ...]:
     return tuple(parts + [1] * (3 - len(parts)))  # "2026" sorts as 2026-01-01
 
 
+def _calendar_date(text: str) -> bool:
+    """YYYY, YYYY-MM or YYYY-MM-DD naming a day, month or year that exists (no 2026-13-45)."""
+    year, month, day = _date_key(text)
+    try:
+        datetime.date(year, month, day)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_sources(path: Path, key: str, cited: str | list[str], table: dict) -> None:
     for sid in id_list(cited):
         if sid not in table:
@@ -157,8 +168,9 @@ def api_price(model_name: str, on_date: str | None = None, path: Path | None = N
         raise ServecastError(f"no API price for model {model_name!r}; allowed: {names}")
     if on_date is None:
         return entries[-1]
-    if not re.match(DATE, on_date):
-        raise ServecastError(f"on_date {on_date!r}: expected YYYY, YYYY-MM or YYYY-MM-DD")
+    if not re.match(DATE, on_date) or not _calendar_date(on_date):
+        raise ServecastError(f"on_date {on_date!r}: allowed a calendar date YYYY, YYYY-MM or "
+                             f"YYYY-MM-DD")
     in_force = [e for e in entries if _date_key(e.date) <= _date_key(on_date)]
     if not in_force:
         raise ServecastError(f"no API price for {entries[0].model} on {on_date}; the first "

@@ -144,11 +144,16 @@ def validation_problem(error: dict, root: type[BaseModel]) -> tuple[str, str]:
     if kind == "string_pattern_mismatch" and error["ctx"]["pattern"] == DATE:
         return key, f"{value!r} is not a date; write YYYY, YYYY-MM or YYYY-MM-DD"
     if kind == "list_type":
-        return key, f"expected a list (or one item), got {value!r}"
+        return key, f"expected a list, got {value!r}"
+    if kind == "string_type":
+        return key, f"expected text, got {value!r}"
     if kind == "string_pattern_mismatch":
         return key, f"{value!r} does not match the required pattern {error['ctx']['pattern']}"
     if kind in ("dict_type", "model_type"):
         return key, f"expected a mapping (key: value), got {type(value).__name__}"
+    if kind in ("too_short", "string_too_short"):
+        what = {list: "list", dict: "mapping", str: "text"}.get(type(value), "value")
+        return key, f"expected a non-empty {what}, got {value!r}"
     return key, f"{error['msg']} (got {value!r})"
 
 
@@ -158,6 +163,10 @@ def read_yaml_mapping(path: Path) -> dict:
         raise SpecError(path, "file", "not found")
     try:
         data = load_yaml(path.read_text())
+    except UnicodeDecodeError:
+        raise SpecError(path, "file", "not UTF-8 text; allowed: a YAML text file") from None
+    except OSError as err:
+        raise SpecError(path, "file", f"cannot read ({err.strerror})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -166,8 +175,6 @@ def read_yaml_mapping(path: Path) -> dict:
     if not isinstance(data, dict):
         raise SpecError(path, "(top level)", "expected a mapping of keys to values")
     return data
-
-
 
 
 def validated(path: Path, schema: type[BaseModel], data: Any | None = None) -> Any:

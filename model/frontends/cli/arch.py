@@ -66,6 +66,9 @@ def kv_report(name: str, context: int, kv_dtype: str | None = None,
     if block_size is not None and block_size <= 0:
         raise ServecastError(f"--block-size must be a positive number of tokens; got {block_size}")
     arch = load_architecture(name)
+    if block_size is not None and arch.max_context and block_size > arch.max_context:
+        raise ServecastError(f"--block-size {block_size:,}: a block holds at most the model's "
+                             f"window; allowed: 1..{arch.max_context:,} tokens")
     beyond = within_window(arch, context, "--context", allow_beyond_window)
     fmt = dtype(kv_dtype).name if kv_dtype else arch.default_kv_dtype
     foot = sequence_kv(arch, context, fmt, block_size, state_dtype=dtype(state_dtype).name)

@@ -8,14 +8,18 @@ import math
 
 import typer
 
+from model.frontends.cli.limits import require_nvme
 from model.frontends.cli.output import JSON, emit
-from model.specs.architecture import load_architecture
+from model.specs.architecture import load_architecture, within_window
 from model.specs.defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
 from model.specs.hardware import load_hardware
 from model.specs.precision import with_precision
 from model.specs.recipes import recipe_settings
 
+# the replay's work grows with the replicas (least-loaded routing scans each one per request)
+MAX_REPLICAS = 1024
+DEFAULT_CONTEXT_TOKENS = 131072  # memory --context: a 128K-token sequence unless the window is shorter
 TRACES = typer.Argument(..., help="AgentX trace file(s)/folder(s) or a Mooncake JSONL")
 
 
@@ -27,6 +31,15 @@ def _capacity(value: float | None, name: str) -> float:
     return float(value)
 
 
+def _checked_plan(arch, hw, plan):
+    """`plan`, refused (one line) where the model's heads, experts or widths do not divide
+    across it (its MoE grouping filled as vLLM fills it), as serve and plan refuse it."""
+    from model.perf.parallel import normalize_plan, validate_plan  # loads sympy: on use
+
+    validate_plan(arch, hw, normalize_plan(arch, plan))
+    return plan
+
+
 def cache_summary(traces: list[str], capacity_tokens: float | None = None, policy: str = "lru",
                   replicas: int = 1, routing: str = "sticky", host_tokens: float | None = None,
                   nvme_tokens: float | None = None, pool_tokens: float = 0.0,
@@ -35,8 +48,8 @@ def cache_summary(traces: list[str], capacity_tokens: float | None = None, polic
     from model.serve.cache_replay import replay, stream_for  # loads numba: only when it runs
     from model.serve.routing import route_replay
 
-    if replicas < 1:
-        raise ServecastError(f"--replicas must be >= 1, got {replicas}")
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ServecastError(f"--replicas: {replicas}; allowed: 1..{MAX_REPLICAS:,}")
     if interval_tokens < 0:
         raise ServecastError(f"--interval-tokens must be >= 0 (0: prompt ends only), got "
                              f"{interval_tokens}")
@@ -45,6 +58,8 @@ def cache_summary(traces: list[str], capacity_tokens: float | None = None, polic
     base = {"traces": traces, "sessions": len(stream.session_ids), "requests": stream.requests,
             "block_tokens": stream.block_tokens, "policy": policy,
             "capacity_tokens": None if math.isinf(cap) else cap}
+    if not (pool_tokens >= 0 and math.isfinite(pool_tokens)):
+        raise ServecastError(f"--pool-tokens must be >= 0 tokens (finite), got {pool_tokens}")
     if replicas > 1 or pool_tokens > 0:
         if host_tokens is not None or nvme_tokens is not None:
             raise ServecastError("--host-tokens / --nvme-tokens apply to one replica; with "
@@ -91,7 +106,7 @@ def cache_cmd(
     interval_tokens: int = typer.Option(0, "--interval-tokens",
                                         help="interval policy: checkpoint every N tokens "
                                         "(0: prompt ends only)"),
-    seed: int = typer.Option(0, "--seed", help="random routing seed"),
+    seed: int = typer.Option(0, "--seed", min=0, help="random routing seed"),
     as_json: bool = JSON,
 ) -> None:
     """Replay a trace through a prefix cache: hit_rate = cached input tokens / input tokens."""
@@ -102,15 +117,20 @@ def cache_cmd(
 def memory_cmd(
     arch: str = typer.Option(..., "--arch", help="architecture name, HF id or config path"),
     hardware: str = typer.Option(..., "--hardware", help="hardware name or alias"),
-    context_tokens: float = typer.Option(131072, "--context", min=1, help="tokens per sequence"),
+    context_tokens: int = typer.Option(None, "--context", min=1, help="tokens per sequence "
+                                       "(default: 131,072 or the model's window if shorter)"),
     tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1, dcp: int = 1,
     kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV cache dtype; the family's "
                                  "recipe when omitted"),
     precision: str = typer.Option(None, "--precision", help="served weight format (e.g. "
                                   "fp8, mxfp8); the family's recipe when omitted"),
     allocator: str = typer.Option("hybrid", "--allocator", help="hybrid | static"),
-    max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens"),
+    max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens",
+                                               min=1),
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    allow_beyond_window: bool = typer.Option(
+        False, "--allow-beyond-window", help="size a context past the model's window "
+        "(max_position_embeddings) and say so in the output"),
     as_json: bool = JSON,
 ) -> None:
     """HBM budget per GPU (weights, activations, reserve, KV pool), sequences that fit,
@@ -121,10 +141,13 @@ def memory_cmd(
     from model.perf.tiers import tier_capacity_tokens
 
     a, hw = load_architecture(arch), load_hardware(hardware)
+    if context_tokens is None:
+        context_tokens = min(DEFAULT_CONTEXT_TOKENS, a.max_context or DEFAULT_CONTEXT_TOKENS)
+    beyond = within_window(a, context_tokens, "--context", allow_beyond_window)
     precision, kv_dtype, _ = recipe_settings(a.name, precision, kv_dtype, speculative=False,
                                              hw=hw)
     a = with_precision(a, precision)
-    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, dcp=dcp)
+    plan = _checked_plan(a, hw, ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, dcp=dcp))
     budget = hbm_budget(a, hw, plan, kv_dtype=kv_dtype,
                         max_num_batched_tokens=max_num_batched_tokens, allocator=allocator,
                         gpu_memory_utilization=gpu_memory_utilization)
@@ -135,7 +158,8 @@ def memory_cmd(
           "max_sequences": budget.max_sequences(context_tokens),
           "kv_capacity_tokens": budget.kv_capacity_tokens(context_tokens),
           "padding_fraction": budget.padding_fraction(context_tokens),
-          "tier_capacity_tokens": tier_capacity_tokens(a, hw, plan, kv_dtype, budget)},
+          "tier_capacity_tokens": tier_capacity_tokens(a, hw, plan, kv_dtype, budget),
+          "assumptions": [beyond] if beyond else []},
          as_json)
 
 
@@ -151,8 +175,10 @@ def reload_cmd(
     from model.perf.parallel import ParallelPlan  # loads sympy: only when the command runs
     from model.perf.tiers import break_even
 
-    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep)
-    res = break_even(load_architecture(arch), load_hardware(hardware), plan, tier, mode=mode)
+    a, hw = load_architecture(arch), load_hardware(hardware)
+    require_nvme(hw, (tier,), "--tier")
+    plan = _checked_plan(a, hw, ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep))
+    res = break_even(a, hw, plan, tier, mode=mode)
     emit({"arch": arch, "plan": plan.label(), "mode": mode, **res.summary(),
           "contexts_tokens": res.contexts_tokens.tolist(), "load_s": res.load_s.tolist(),
           "recompute_s": res.recompute_s.tolist()}, as_json)

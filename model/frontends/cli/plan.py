@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import typer
 
+from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit, positive
 from model.specs.defaults import DEFAULT_API_MODEL, DEFAULT_SCENARIO, MAX_NUM_BATCHED_TOKENS, MODES
 
 PARETO_POINTS = 8  # full-tier points added along the screening's front with --pareto
+# the search's work grows with the step budget: 131,072 tokens (16x vLLM's default) takes about
+# 3x the default's time; a budget of 10**12 does not finish in minutes
+PLAN_BUDGET_CAP = 131_072
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +40,7 @@ def register(app: typer.Typer) -> None:
             None, "--prefill-schedule-interval", min=1,
             help="Fix vLLM's prefill cadence (1 = every step); searched when omitted."),
         max_num_batched_tokens: int = typer.Option(
-            MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens", min=1,
+            MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens", min=1, max=PLAN_BUDGET_CAP,
             help="Token budget per engine step and DP rank."),
         concurrency: str | None = typer.Option(
             None, "--concurrency", help="Fix the client sessions (closed-loop lanes), one number "
@@ -76,14 +80,17 @@ def register(app: typer.Typer) -> None:
             raise ServecastError(f"--mode {mode!r}: allowed {', '.join(MODES)}")
         if gpus is None and deployment is None:
             gpus = DEFAULT_SCENARIO["gpus"]
-        result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
+        tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
+        sessions = _concurrencies(concurrency)
+        _check_before_search(hardware, prefill_hardware, cost_basis, tiers, sessions,
+                             gpus or _deployment_gpus(deployment))
+        result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=readable_workload(workload),
                       slo_p90_interactivity=slo_p90_interactivity,
                       long_prefill_token_threshold=long_prefill_token_threshold,
                       modes=(mode,) if mode else MODES, prefill_hardware=prefill_hardware,
                       precision=precision, kv_dtype=kv_dtype, api_model=api_model,
                       cost_basis=cost_basis, cache_policy=cache_policy,
-                      cache_tiers=tuple(t.strip() for t in cache_tiers.split(",") if t.strip()),
-                      concurrency=_concurrencies(concurrency), slo_p90_ttft_s=slo_p90_ttft,
+                      cache_tiers=tiers, concurrency=sessions, slo_p90_ttft_s=slo_p90_ttft,
                       deployment=deployment, prefill_schedule_interval=prefill_schedule_interval,
                       max_num_batched_tokens=max_num_batched_tokens,
                       pareto_points=PARETO_POINTS if pareto else 0)
@@ -91,6 +98,28 @@ def register(app: typer.Typer) -> None:
         if pareto:
             out["pareto"] = result.pareto.to_dict(orient="records")
         emit(out, as_json)
+
+
+def _check_before_search(hardware: str, prefill_hardware: str | None, cost_basis: str,
+                         tiers: tuple[str, ...], sessions: list[int] | None, gpus: int) -> None:
+    """What the request needs, checked before the search rather than after it: sessions within
+    the cap on the deployment's GPUs, a price on the cost basis for each chip, local NVMe for an
+    nvme cache tier."""
+    from model.plan.cost import gpu_hour_usd
+    from model.specs.hardware import load_hardware
+
+    if sessions:
+        within_session_cap(max(sessions), gpus)
+    for name in {hardware, prefill_hardware or hardware}:
+        hw = load_hardware(name)
+        gpu_hour_usd(hw, cost_basis)
+        require_nvme(hw, tiers, "--cache-tiers")
+
+
+def _deployment_gpus(label: str) -> int:
+    from model.plan.deployment import parse_deployment_label
+
+    return parse_deployment_label(label).resolve(None)[1]
 
 
 def _concurrencies(text: str | None) -> list[int] | None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import typer
 
+from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit, positive
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
 from model.specs.errors import ServecastError
 
+# `workload show` draws this many sessions at most: 100,000 take about 4 s and 0.6 GB
+WORKLOAD_SESSIONS_CAP = 100_000
 workload_app = typer.Typer(no_args_is_help=True, help="Workload profiles (data/workloads/).")
 
 
@@ -23,15 +26,16 @@ def workload_list(as_json: bool = typer.Option(False, "--json", help="print one 
 @workload_app.command("show")
 def workload_show(
     name: str = typer.Argument(..., help="profile name or path to a .yaml profile"),
-    sessions: int = typer.Option(2000, "--sessions", min=1, help="sessions drawn for the statistics"),
-    seed: int = typer.Option(0, "--seed"),
+    sessions: int = typer.Option(2000, "--sessions", min=1, max=WORKLOAD_SESSIONS_CAP,
+                                 help="sessions drawn for the statistics"),
+    seed: int = typer.Option(0, "--seed", min=0),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
     """The validated profile, the statistics of sessions drawn from it and the published checks."""
     from model.fit.workload import sample_statistics
     from model.specs.workload import load_workload
 
-    w = load_workload(name)
+    w = load_workload(readable_workload(name))
     out = {"name": w.name, "kind": w.kind, "description": w.description, "source": w.source,
            "date": w.date, "hit_rate": w.hit_rate}
     mix = w.request_mix(20_000, seed)
@@ -104,7 +108,7 @@ def register(app: typer.Typer) -> None:
         kv_dtype: str = typer.Option(None, "--kv-dtype"),
         tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"),
         dp: int = typer.Option(1, "--dp"), ep: int = typer.Option(1, "--ep"),
-        moe_tp: int = typer.Option(None, "--moe-tp"),
+        moe_tp: int = typer.Option(None, "--moe-tp", min=1),
         dcp: int = typer.Option(1, "--dcp"), pcp: int = typer.Option(1, "--pcp"),
         spec_tokens: int = typer.Option(0, "--spec-tokens", min=0, help="MTP draft tokens per step"),
         spec_acceptance: float = typer.Option(0.0, "--spec-acceptance", min=0.0, max=1.0,
@@ -123,7 +127,7 @@ def register(app: typer.Typer) -> None:
                                     "family's recipe (data/deployments/), as plan does"),
         simulate_s: float = typer.Option(0.0, "--simulate-s", min=0.0, help="also run the discrete-event "
                                          "oracle for this many simulated seconds"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = typer.Option(0, "--seed", min=0),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ):
         """The full tier of one replica of the --tp/--dp/... plan or, with --deployment, of a whole
@@ -133,7 +137,7 @@ def register(app: typer.Typer) -> None:
         from model.serve.policy import EnginePolicy
         from model.specs.workload import load_workload
 
-        w = load_workload(workload)
+        w = load_workload(readable_workload(workload))
         policy = EnginePolicy(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
                               prefill_schedule_interval)
         load = _load(concurrency, rate, interarrival_cv, gap_cap_s, w)
@@ -183,7 +187,9 @@ def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, pol
     from model.specs.workload import ClosedLoop
 
     precision, kv_dtype, spec_tokens, spec_acceptance, recipe = serving
-    shape, _ = parse_deployment_label(label).resolve(gpus)
+    shape, total_gpus = parse_deployment_label(label).resolve(gpus)
+    if isinstance(load, ClosedLoop):
+        within_session_cap(load.concurrency, total_gpus)
     spec = {}
     if spec_tokens:  # a per-position acceptance rate a gives 1 + a + ... + a^k tokens a step
         spec = {"spec_tokens": spec_tokens, "spec_method": "mtp",
@@ -194,6 +200,8 @@ def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, pol
                              hit_rate=cache["hit_rate"], prefetch_reload=cache["prefetch"],
                              **spec)
     setup = setup_for(arch, hardware, w, choices, prefill_hardware, seed)
+    for chip in {setup.hardware, setup.prefill_hardware}:
+        require_nvme(chip, cache["tiers"], "--cache-tiers")
     concurrency = load.concurrency if isinstance(load, ClosedLoop) else 0
     dep = labelled_deployment(shape, setup, concurrency, policy)
     served = evaluate_deployment(setup, dep, load)

@@ -53,6 +53,15 @@ POSITIVE_KEYS = frozenset({
 })
 
 
+# above these a config.json value is a typo, refused before any layer is built (the largest
+# shipped: max_position_embeddings 10,485,760 in Llama 4 Scout; num_hidden_layers 126 in
+# Llama 3.1 405B); a billion layers would take minutes and gigabytes to build
+MAX_INT_VALUE = 2**26
+MAX_LAYERS = 1024
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token")
+
+
 @dataclass(frozen=True)
 class Builder:
     """A config dict plus its quant scheme; builds Linears named like the checkpoint's modules."""
@@ -70,6 +79,20 @@ class Builder:
         for key in sorted(INT_KEYS & set(self.cfg)):
             if self.cfg[key] is not None:
                 self._checked(key, self.cfg[key])
+        self._check_relations()
+
+    def _check_relations(self) -> None:
+        """Shapes that cannot go together: query heads in whole groups per KV head, no more
+        experts routed to per token than the layer has."""
+        heads, kv_heads = self.cfg.get("num_attention_heads"), self.cfg.get("num_key_value_heads")
+        if heads and kv_heads and heads % kv_heads:
+            raise SpecError(self.path, "num_key_value_heads", f"{kv_heads} does not divide "
+                            f"num_attention_heads {heads}; allowed: a divisor of {heads}")
+        experts = next((self.cfg[k] for k in EXPERT_COUNT_KEYS if self.cfg.get(k)), None)
+        for key in TOP_K_KEYS:
+            if experts and (self.cfg.get(key) or 0) > experts:
+                raise SpecError(self.path, key, f"{self.cfg[key]} experts per token exceeds the "
+                                f"{experts} routed experts; allowed: 1..{experts}")
 
     def need(self, *keys: str) -> None:
         missing = [k for k in keys if self.cfg.get(k) is None]
@@ -87,11 +110,19 @@ class Builder:
         return self._checked(key, self.cfg[key])
 
     def _checked(self, key: str, value: Any) -> Any:
-        if key in INT_KEYS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise SpecError(self.path, key, f"must be a non-negative integer; got {value!r}")
-        if key in POSITIVE_KEYS and value < 1:
-            raise SpecError(self.path, key, f"must be an integer >= 1; got {value!r}")
-        return value
+        if key not in INT_KEYS:
+            return value
+        low = 1 if key in POSITIVE_KEYS else 0
+        high = MAX_LAYERS if key == "num_hidden_layers" else MAX_INT_VALUE
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            problem = "must be a non-negative integer"
+        elif value < low:
+            problem = "must be an integer >= 1"
+        elif value > high:
+            problem = "is too large for any model"
+        else:
+            return value
+        raise SpecError(self.path, key, f"{problem}; got {value!r}; allowed: {low}..{high:,}")
 
     def module(self, layer: int, local: str) -> str:
         main = self.cfg.get("num_hidden_layers") or 0

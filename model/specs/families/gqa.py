@@ -11,7 +11,14 @@ BASE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_s
 
 
 def _head_dim(b: Builder) -> int:
-    return int(b.get("head_dim") or b["hidden_size"] // b["num_attention_heads"])
+    if b.get("head_dim"):
+        return int(b["head_dim"])
+    hidden, heads = b["hidden_size"], b["num_attention_heads"]
+    if hidden % heads:
+        raise SpecError(b.path, "hidden_size", f"{hidden} is not a whole number of "
+                        f"num_attention_heads {heads} heads and no head_dim is given; allowed: a "
+                        f"multiple of {heads}, or a head_dim")
+    return hidden // heads
 
 
 def _window(b: Builder, i: int, n: int) -> int | None:
