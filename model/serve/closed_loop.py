@@ -44,8 +44,10 @@ the run's own rates and step times, not fitted: SGLang's `--scheduler-recv-inter
 decode iterations), TensorRT-LLM's attention-DP balancing (staggered context requests wait
 until every DP rank has one, at most `timeout_iters` iterations) and batch waiting (a prompt
 waits for more prompts up to `batch_wait_timeout_iters`). Little's law closes the
-loop, C = X (TTFT + (OSL-1) TPOT), with X at most what the KV pool (running sequences) and a
-dedicated prefill pool (servers / prefill time) sustain; clients beyond that wait in TTFT.
+loop, C = X (TTFT + (OSL-1) TPOT), with X at most what the KV pool (running sequences) and the
+prefill servers (the DP ranks of an aggregated replica, a dedicated prefill pool) sustain:
+servers x prompts per wave step / wave step, the asymptotic bound X <= 1 / D_max of the
+operational laws; clients beyond that wait in TTFT.
 
 Streaming. Engines that batch their streamed responses (TensorRT-LLM's and SGLang's
 `stream_interval`: one response every N iterations, to spare the API server the per-token
@@ -224,10 +226,11 @@ def loop_terms(c: Mapping, f: Mapping, sync=None) -> dict:
     stall = t_one - (1.0 - first) * ov
     tpot_spread = t_dec + agg * c["seqs_per_server"] * c["chunks"] * stall / osl1
     tpot = (sync * tpot_sync + (1 - sync) * tpot_spread) / c["tokens_per_step"]
-    # a dedicated prefill pool: a busy server packs waiting prompts into wave steps, so it
-    # completes at most servers * wave_prompts / t_wave prompts/s; staggered arrivals queue at
-    # its load (M/D/1, one fixed-point step)
-    capacity = np.where(dis > 0, c["prefill_servers"] * c["wave_prompts"] / t_wave, np.inf)
+    # the prefill ceiling: a busy server packs waiting prompts into wave steps, so it completes
+    # at most servers * wave_prompts / t_wave prompts/s (aggregated: the dp ranks, which also
+    # decode); on a dedicated prefill pool staggered arrivals queue at its load (M/D/1, one
+    # fixed-point step)
+    capacity = c["prefill_servers"] * c["wave_prompts"] / t_wave
     x0 = c["running_seqs"] / (ttft_spread + request + (osl - 1.0) * tpot)
     queue = dis * md1_wait_s(x0 / capacity, prefill_alone, MAX_PREFILL_LOAD)
     # admission waits hold staggered context requests (a synchronized wave fills every rank
