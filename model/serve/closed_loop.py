@@ -32,7 +32,8 @@ say, the fitted `benchmark_rounds`.
 Steps. decode: (kernels + moe_scale * routed experts) * decode_scale + network + step overhead;
 prefill: (kernels + moe_prefill_scale * routed experts) * prefill_scale + network + overhead
 (disaggregated deployments: the prefill workers' prefill-only steps scale by
-`disagg_prefill_scale` instead, the decode workers' steps by `disagg_decode_scale` too).
+`disagg_prefill_scale` instead, the decode workers' steps by `disagg_decode_scale` too); each
+at least its kernels' physical floor + network + overhead.
 - synchronized (weight `sync`): TTFT = mean wave steps to a prompt's last chunk x wave step;
   the early prompts decode through about half the wave's remaining prefill steps;
 - staggered (1 - sync): a prompt is prefilled alone (aggregated: with the running decodes riding
@@ -162,15 +163,24 @@ def batch_wait_s(tokens_needed, new_tokens, rate_rps, iteration_s, timeout_iters
 
 def step_times_s(c: Mapping, f: Mapping):
     """(decode step, wave prefill step, single-prompt prefill step) seconds of runs `c` under
-    engine factors `f`: (kernels + scaled routed experts) x phase scale + network + overhead."""
+    engine factors `f`: (kernels + scaled routed experts) x phase scale + network + overhead,
+    never less than the kernels' physical floor (`{kind}_floor_s`: FLOPs at peak, bytes at full
+    HBM bandwidth) + network + overhead: a fitted factor below 1 makes an engine faster than the
+    measured kernels, never faster than the chip."""
     ov = f["step_overhead_s"]
+
+    def floored(kind, step_s):
+        return np.maximum(step_s, c[f"{kind}_floor_s"] + c[f"{kind}_network_s"] + ov)
+
     t_dec = ((c["decode_kernel_s"] + f["moe_scale"] * c["decode_expert_s"]) * f["decode_scale"]
              + c["decode_network_s"] + ov)
-    t_dec = t_dec * (1.0 + c["disagg"] * (f["disagg_decode_scale"] - 1.0))
+    t_dec = floored("decode", t_dec * (1.0 + c["disagg"] * (f["disagg_decode_scale"] - 1.0)))
     pre = f["prefill_scale"] + c["disagg"] * (f["disagg_prefill_scale"] - f["prefill_scale"])
     mp = f["moe_prefill_scale"]
-    t_wave = (c["wave_kernel_s"] + mp * c["wave_expert_s"]) * pre + c["wave_network_s"] + ov
-    t_one = (c["one_kernel_s"] + mp * c["one_expert_s"]) * pre + c["one_network_s"] + ov
+    t_wave = floored("wave", (c["wave_kernel_s"] + mp * c["wave_expert_s"]) * pre
+                     + c["wave_network_s"] + ov)
+    t_one = floored("one", (c["one_kernel_s"] + mp * c["one_expert_s"]) * pre
+                    + c["one_network_s"] + ov)
     return t_dec, t_wave, t_one
 
 
@@ -266,12 +276,17 @@ def explain_terms(c: Mapping, f: Mapping) -> dict:
     `ttft_terms_s` (term name -> seconds)."""
     t = {k: float(np.asarray(v)) for k, v in loop_terms(c, f).items()}
     dis = float(c["disagg"])
-    scale = (1.0 + dis * (f["disagg_decode_scale"] - 1.0)) * f["decode_scale"]
+    worker = 1.0 + dis * (f["disagg_decode_scale"] - 1.0)
+    scale = worker * f["decode_scale"]
     spec = float(c["tokens_per_step"])
+    scaled = ((c["decode_kernel_s"] + f["moe_scale"] * c["decode_expert_s"]) * f["decode_scale"]
+              + c["decode_network_s"] + f["step_overhead_s"]) * worker
     tpot = {"decode_kernels": c["decode_kernel_s"] * scale / spec,
             "decode_experts": f["moe_scale"] * c["decode_expert_s"] * scale / spec,
-            "network": c["decode_network_s"] * (1.0 + dis * (f["disagg_decode_scale"] - 1.0)) / spec,
+            "network": c["decode_network_s"] * worker / spec,
             "step_overhead": f["step_overhead_s"] / spec,
+            # what the kernels' physical floor adds where the scaled step would beat it
+            "kernel_floor": max(t["decode_step_s"] - scaled, 0.0) / spec,
             "prefill_interference": t["prefill_interference_s"] / spec}
     ttft = {"prefill": t["prefill_s"], "kv_transfer": t["kv_transfer_s"],
             "request_overhead": t["request_overhead_s"],
