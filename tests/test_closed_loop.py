@@ -25,7 +25,8 @@ BASE = {"decode_kernel_s": 0.010, "decode_expert_s": 0.0, "decode_network_s": 0.
         "wave_steps_mean": 1.5, "wave_steps": 2.0, "chunks": 1.0, "running_seqs": 4.0,
         "concurrency": 4.0, "osl_tokens": 101.0, "seqs_per_server": 4.0, "kv_transfer_s": 0.0,
         "disagg": 0.0, "tokens_per_step": 1.0, "rounds": 10.0, "fixed_lengths": 0.0,
-        "prefill_first": 0.0, "prefill_servers": 1.0, "wave_prompts": 2.0}
+        "prefill_first": 0.0, "prefill_servers": 1.0, "wave_prompts": 2.0,
+        "decode_floor_s": 0.0, "wave_floor_s": 0.0, "one_floor_s": 0.0}
 # no step overhead, unit scales, 20 ms per request, no streaming lag
 PLAIN = {**{k: v for k, v in LoopFactors().__dict__.items() if k != "source"},
          "step_overhead_s": 0.0, "request_overhead_s": 0.020}
@@ -108,6 +109,22 @@ def test_disaggregated_prefill_pool_bounds_throughput():
     assert x == pytest.approx(4.0)
     assert tpot == pytest.approx(0.010)  # decode workers run undisturbed
     assert ttft == pytest.approx(64 / 4.0 - 100 * 0.010)
+
+
+def test_an_engine_factor_never_takes_a_step_below_its_kernels_floor():
+    # decode_scale 0.5 halves the 10 ms decode kernels to 5 ms where nothing stops it; with the
+    # kernels' physical floor at 8 ms (FLOPs at peak, bytes at full bandwidth) the step is 8 ms
+    f = {**PLAIN, "decode_scale": 0.5, "prefill_scale": 0.5}
+    assert loop_terms(BASE, f, sync=0.0)["decode_step_s"] == pytest.approx(0.005)
+    run = {**BASE, "decode_floor_s": 0.008, "one_floor_s": 0.040, "wave_floor_s": 0.030}
+    t = loop_terms(run, f, sync=0.0)
+    assert t["decode_step_s"] == pytest.approx(0.008)
+    # prefill steps alike: the 50 ms single prompt scaled to 25 ms stops at its 40 ms floor; the
+    # 100 ms wave scaled to 50 ms is above its 30 ms floor
+    assert t["one_step_s"] == pytest.approx(0.040)
+    assert t["wave_step_s"] == pytest.approx(0.050)
+    # explain names the 3 ms the floor adds to each decode step
+    assert explain_terms(run, f)["tpot_terms_s"]["kernel_floor"] == pytest.approx(0.003)
 
 
 def test_loop_terms_add_up_to_ttft():

@@ -88,7 +88,8 @@ COMPONENT_KEYS = ("decode_expert_s", "wave_expert_s", "one_expert_s", "decode_ke
                   "concurrency", "osl_tokens", "seqs_per_server", "kv_transfer_s", "disagg",
                   "tokens_per_step", "rounds", "fixed_lengths", "prefill_first", "prefill_servers",
                   "wave_prompts", "dp", "adp_timeout_iters", "recv_interval_iters", "new_tokens",
-                  "batch_wait_iters", "batch_wait_tokens")
+                  "batch_wait_iters", "batch_wait_tokens", "decode_floor_s", "wave_floor_s",
+                  "one_floor_s")
 
 
 def component_table(path=E2E_CSV) -> pd.DataFrame:

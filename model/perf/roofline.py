@@ -5,7 +5,9 @@
 FLOPs and bytes are closed-form counts per op (below); the efficiency curves come from
 `model.perf.kernels` (fitted on the measured kernel tables, or transferred from
 `hw.calibration_reference` for chips without measurements; see that module's docstring).
-All functions broadcast over numpy arrays and return seconds.
+All functions broadcast over numpy arrays and return seconds. With `ideal=True` they return the
+op's physical floor instead: the same FLOPs and bytes at the chip's peak and full HBM bandwidth,
+no launch cost (`IDEAL`), what no kernel and no engine factor can beat.
 
 Conventions:
 - `context_tokens` is the sequence length after this step (cached + new tokens); queries are
@@ -38,6 +40,7 @@ INDEXER_RATE_FACTOR = {"fp8": 0.5, "fp4": 0.25}
 
 LINEAR_CHUNK = 64  # chunk length of chunked linear-attention prefill kernels (FLA, flashkda)
 MSA_GROUP_TILE = 16  # minimum tl.dot rows in the Triton MSA kernel
+IDEAL = KernelParams(1.0, 0.0, 1.0, 0.0, source="ideal")  # peak FLOP/s, full bandwidth, no launch
 SPARSE_HEAD_TILE = 64  # query heads per CTA in FlashMLA sparse / DSV4 attention kernels
 
 # Attention kind -> calibrated family (the measured table whose fit it uses).
@@ -114,22 +117,26 @@ def _params_key(name: str) -> str:
     return lookup_dtype(name).name
 
 
-def gemm_time_s(m, n, k, dtype: str, hw):
+def _params(hw, op_class: str, rate: str, ideal: bool) -> KernelParams:
+    return IDEAL if ideal else params_for(hw, op_class, rate)
+
+
+def gemm_time_s(m, n, k, dtype: str, hw, ideal: bool = False):
     """y[m, n] = x[m, k] W[k, n] with W stored in `dtype`."""
     if np.ndim(n) == 0 and np.ndim(k) == 0:  # the hot path: m varies, the matrix is fixed
-        return gemm_times_s(m, [(float(n), float(k), dtype)], hw)[0]
+        return gemm_times_s(m, [(float(n), float(k), dtype)], hw, ideal)[0]
     d = lookup_dtype(dtype)
     rate, peak = compute_rate(dtype, hw)
     act = d.bytes if rate in ("fp8", "fp4", "int8") else ACT_BYTES
     m, n, k = (np.asarray(a, dtype=float) for a in (m, n, k))
     flops = 2.0 * m * n * k
     bytes_ = m * k * act + k * n * d.bytes + m * n * ACT_BYTES
-    params = _capped(params_for(hw, "gemm", _params_key(dtype)))
+    params = IDEAL if ideal else _capped(params_for(hw, "gemm", _params_key(dtype)))
     return roofline_time_s(flops, bytes_, peak, hw.hbm_bandwidth_bytes_per_s, params, m, k,
-                           gemm_tile_factor(n))
+                           1.0 if ideal else gemm_tile_factor(n))
 
 
-def gemm_times_s(m, shapes, hw) -> np.ndarray:
+def gemm_times_s(m, shapes, hw, ideal: bool = False) -> np.ndarray:
     """gemm_time_s of several weight matrices that see the same rows `m`, in one array pass:
     `shapes` is a sequence of (n, k, dtype); returns shape (len(shapes),) + m.shape. The
     formula of roofline_time_s with each matrix's scalar factors folded into columns,
@@ -137,7 +144,7 @@ def gemm_times_s(m, shapes, hw) -> np.ndarray:
     a step model prices a dozen projections per layer group in one pass instead of a dozen."""
     m = np.asarray(m, dtype=float)
     shapes = tuple(shapes)
-    columns = _gemm_columns(shapes, hw)
+    columns = _gemm_columns(shapes, hw, ideal)
     c, half, per_m, fixed, overhead, per_row = (
         col.reshape((-1,) + (1,) * m.ndim) for col in columns)
     t_compute = c * (m + half) * (m > 0)
@@ -146,17 +153,18 @@ def gemm_times_s(m, shapes, hw) -> np.ndarray:
 
 
 @lru_cache(maxsize=4096)
-def _gemm_columns(shapes: tuple, hw) -> tuple[np.ndarray, ...]:
-    """Per-matrix factors of gemm_times_s (one entry per (n, k, dtype) of `shapes`)."""
+def _gemm_columns(shapes: tuple, hw, ideal: bool) -> tuple[np.ndarray, ...]:
+    """Per-matrix factors of gemm_times_s (one entry per (n, k, dtype) of `shapes`); `ideal`:
+    the floor (IDEAL, and no tile padding: only the useful FLOPs)."""
     cols = []
     for n, k, dtype in shapes:
         d = lookup_dtype(dtype)
         rate, peak = compute_rate(dtype, hw)
         act = d.bytes if rate in ("fp8", "fp4", "int8") else ACT_BYTES
-        params = _capped(params_for(hw, "gemm", d.name))
+        params = IDEAL if ideal else _capped(params_for(hw, "gemm", d.name))
         kfac = k / (k + params.half_k) if params.half_k else 1.0
         nn = max(n, 1.0)
-        tile = nn / (math.ceil(nn / GEMM_TILE_N) * GEMM_TILE_N)
+        tile = 1.0 if ideal else nn / (math.ceil(nn / GEMM_TILE_N) * GEMM_TILE_N)
         c = 2.0 * n * k / (peak * params.compute_efficiency_max * kfac * tile)
         bw = hw.hbm_bandwidth_bytes_per_s * params.memory_efficiency
         cols.append((c, params.half_tokens, (k * act + n * ACT_BYTES) / bw,
@@ -190,14 +198,15 @@ def moe_flops_bytes(tokens, hidden, inter, top_k, experts_per_gpu, moe_tp, ep, w
     return flops, weights + activations, rows_per_expert
 
 
-def moe_time_s(tokens, hidden, inter, top_k, experts_per_gpu, moe_tp, ep, dtype: str, hw):
+def moe_time_s(tokens, hidden, inter, top_k, experts_per_gpu, moe_tp, ep, dtype: str, hw,
+               ideal: bool = False):
     """One MoE layer's routed-expert compute on one GPU (grouped GEMMs, routing excluded)."""
     d = lookup_dtype(dtype)
     rate, peak = compute_rate(dtype, hw)
     act = d.bytes if rate in ("fp8", "fp4", "int8") else ACT_BYTES
     flops, bytes_, rows = moe_flops_bytes(tokens, hidden, inter, top_k, experts_per_gpu, moe_tp,
                                           ep, d.bytes, act)
-    params = params_for(hw, "moe", _params_key(dtype))
+    params = _params(hw, "moe", _params_key(dtype), ideal)
     # per_row_s: align / permute / masked-launch work over every token-expert pair entering the
     # layer (the fused kernels walk all of them, local expert or not)
     pairs = np.asarray(tokens, dtype=float) * top_k
@@ -205,9 +214,9 @@ def moe_time_s(tokens, hidden, inter, top_k, experts_per_gpu, moe_tp, ep, dtype:
                            row_count=pairs)
 
 
-def memory_time_s(bytes_, hw):
+def memory_time_s(bytes_, hw, ideal: bool = False):
     """Streaming `bytes_` through HBM at the calibrated weight-streaming efficiency."""
-    params = params_for(hw, "memory", "bf16")
+    params = _params(hw, "memory", "bf16", ideal)
     return np.asarray(bytes_, dtype=float) / (hw.hbm_bandwidth_bytes_per_s
                                               * params.memory_efficiency)
 
@@ -364,7 +373,7 @@ def attention_flops_bytes(kind: str, phase: str, batch, new_tokens, context_toke
 
 
 def attention_time_s(kind: str, phase: str, batch, new_tokens, context_tokens, attention,
-                     kv_dtype: str, hw, tp: int = 1):
+                     kv_dtype: str, hw, tp: int = 1, ideal: bool = False):
     """Core attention (no projections) of one layer on one GPU, for `batch` sequences each
     adding `new_tokens` queries (decode: 1) at `context_tokens` total length."""
     if kind not in ATTENTION_FAMILY:
@@ -375,7 +384,7 @@ def attention_time_s(kind: str, phase: str, batch, new_tokens, context_tokens, a
     kv = lookup_dtype(kv_dtype)
     flops, bytes_, rows = attention_flops_bytes(kind, phase, batch, new_tokens, context_tokens,
                                                 attention, kv.bytes, tp)
-    params = params_for(hw, f"attention.{ATTENTION_FAMILY[kind]}.{phase}", kv.name)
+    params = _params(hw, f"attention.{ATTENTION_FAMILY[kind]}.{phase}", kv.name, ideal)
     queries = np.asarray(batch, dtype=float) * np.asarray(new_tokens, dtype=float)
     return roofline_time_s(flops, bytes_, hw.peak("bf16"), hw.hbm_bandwidth_bytes_per_s,
                            params, rows, row_count=queries)

@@ -101,12 +101,14 @@ class StepModel:
         return 1.0 + sum(a ** i for i in range(1, n + 1))
 
     # -- per-op times on one GPU --------------------------------------------------------------
-    def _layer_times(self, layer, count, tag, pre, pctx, dec, q, dctx, pseqs, pranks=None):
+    def _layer_times(self, layer, count, tag, pre, pctx, dec, q, dctx, pseqs, pranks=None,
+                     ideal=False):
         """(name, kind, count, seconds) of one layer group on the busiest GPU: `pre` prefill
         tokens of `pseqs` sequences at `pctx` spread over `pranks` of the dp ranks (default all),
         `dec` decoding sequences pushing `q` tokens each at `dctx` spread over all dp ranks
         (replica totals). The expert group sees every rank's tokens; lock-stepped ranks wait for
-        the busiest, so that rank's attention, dense GEMMs and sends set the step."""
+        the busiest, so that rank's attention, dense GEMMs and sends set the step. `ideal`:
+        each kernel's physical floor (model.perf.roofline), no collectives."""
         p, hw, arch = self.plan, self.hw, self.arch
         pranks = p.dp if pranks is None else pranks
         dec_tok = dec * q
@@ -122,29 +124,33 @@ class StepModel:
         lins = att.projections + layer.mlp.projections
         shapes = [(lin.out_features * lin.count / linear_shard(lin, p), lin.in_features, lin.dtype)
                   for lin in lins]
-        times = roofline.gemm_times_s(tok_r, shapes, hw)
+        times = roofline.gemm_times_s(tok_r, shapes, hw, ideal)
         times = np.where(tok_r > 0, times, 0.0)
         out += [(f"{tag}:{lin.name}", "gemm", count, t) for lin, t in zip(lins, times, strict=True)]
         heads_split, ctx_split = decode_attention_split(att, p)
         if np.any(has_pre):
             t = roofline.attention_time_s(att.kind, "prefill", pseqs_r, new_per_seq,
                                           np.maximum(pctx, new_per_seq), att, self.kv_dtype, hw,
-                                          p.tp)
+                                          p.tp, ideal)
             out.append((f"{tag}:attn_prefill", "attention", count, np.where(has_pre, t, 0.0)))
         if np.any(has_dec):
             t = roofline.attention_time_s(att.kind, "decode", dec_r, q,
                                           np.maximum(dctx, 1.0) / ctx_split, att, self.kv_dtype,
-                                          hw, heads_split)
+                                          hw, heads_split, ideal)
             out.append((f"{tag}:attn_decode", "attention", count, np.where(has_dec, t, 0.0)))
         ex = layer.mlp.experts
         if ex is not None:
             tokens_group = (pre + dec_tok) if p.dp > 1 or p.ep > 1 else tok_r
             t = roofline.moe_time_s(tokens_group, ex.hidden_size, ex.intermediate_size,
-                                    ex.top_k, ex.num_experts / p.ep, p.moe_tp, p.ep, ex.dtype, hw)
+                                    ex.top_k, ex.num_experts / p.ep, p.moe_tp, p.ep, ex.dtype, hw,
+                                    ideal)
             out.append((f"{tag}:experts", "moe", count, np.where(tokens_group > 0, t, 0.0)))
         width = arch.hidden_size * arch.hyper_connections
         norm_bytes = 2 * 2 * 2.0 * tok_r * width / (p.tp if p.sp else 1)
-        out.append((f"{tag}:norms", "memory", count, roofline.memory_time_s(norm_bytes, hw)))
+        out.append((f"{tag}:norms", "memory", count,
+                    roofline.memory_time_s(norm_bytes, hw, ideal)))
+        if ideal:
+            return out
         for c in layer_collectives(layer, count, p, hw, arch.hidden_size, pre, dec_tok,
                                    prefill_ranks=pranks, prefill_context=pctx,
                                    prefill_seqs=pseqs):
@@ -154,33 +160,37 @@ class StepModel:
             out.append((f"{tag}:{c.name}", "network", c.count, t))
         return out
 
-    def _op_times(self, pre, pctx, dec, dctx, pseqs, pranks=None):
-        """List of (name, kind, count, seconds-array) for the busiest GPU over all layers."""
+    def _op_times(self, pre, pctx, dec, dctx, pseqs, pranks=None, ideal=False):
+        """List of (name, kind, count, seconds-array) for the busiest GPU over all layers
+        (`ideal`: the kernels' physical floors, no collectives)."""
         p, hw, arch = self.plan, self.hw, self.arch
         pranks = p.dp if pranks is None else pranks
         q = 1.0 + self.spec_tokens  # tokens each decode sequence pushes through the model
         out = []
         for layer, count in self._groups:
             out += self._layer_times(layer, count, f"{layer.attention.kind}/{layer.mlp.kind}",
-                                     pre, pctx, dec, q, dctx, pseqs, pranks)
+                                     pre, pctx, dec, q, dctx, pseqs, pranks, ideal)
         pre_r = pre / (pranks * p.pcp)
         dec_r = dec / p.dp
         has_pre = pre_r > 0
         pseqs_r = np.maximum(pseqs / pranks, np.where(has_pre, 1.0, 0.0))
         logits_r = dec_r + pseqs_r * has_pre
         t = roofline.gemm_time_s(logits_r * q, arch.lm_head.out_features / p.tp,
-                                 arch.lm_head.in_features, arch.lm_head.dtype, hw)
+                                 arch.lm_head.in_features, arch.lm_head.dtype, hw, ideal)
         out.append(("lm_head", "gemm", 1, t))
-        emb = roofline.memory_time_s((pre_r + dec * q / p.dp) * arch.hidden_size * 2 * 2.0, hw)
+        emb = roofline.memory_time_s((pre_r + dec * q / p.dp) * arch.hidden_size * 2 * 2.0, hw,
+                                     ideal)
         out.append(("embedding", "memory", 1, emb))
         if self.spec_tokens:
-            out += self._draft_times(dec, dctx)
+            out += self._draft_times(dec, dctx, ideal)
+        if ideal:
+            return out
         for c in pipeline_collectives(p, hw, arch.hidden_size, pre_r * p.pcp * p.dp, dec * q):
             out.append((c.name, "network", c.count,
                         collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope, c.algorithm)))
         return out
 
-    def _draft_times(self, dec, dctx):
+    def _draft_times(self, dec, dctx, ideal=False):
         """The drafter's `spec_tokens` sequential passes, one token per decoding sequence each:
         the checkpoint's MTP layer (method mtp), else an EAGLE-3-style draft (one decoder layer
         shaped like the target's first layer, routed experts excluded, and a reduced-vocabulary
@@ -189,9 +199,10 @@ class StepModel:
         layer, head_rows = self.draft_layer
         out = [(f"draft:{n.split(':', 1)[1]}", kind, c * self.spec_tokens, t)
                for n, kind, c, t in self._layer_times(layer, 1, "draft", 0.0 * dec, 0.0 * dec,
-                                                      dec, 1.0, dctx, 0.0 * dec)]
+                                                      dec, 1.0, dctx, 0.0 * dec,
+                                                      ideal=ideal)]
         t = roofline.gemm_time_s(dec / p.dp, head_rows / p.tp, arch.lm_head.in_features,
-                                 arch.lm_head.dtype, self.hw)
+                                 arch.lm_head.dtype, self.hw, ideal)
         out.append(("draft:lm_head", "gemm", self.spec_tokens, np.where(dec > 0, t, 0.0)))
         return out
 
@@ -205,10 +216,12 @@ class StepModel:
         return (replace(first, mlp=dense),
                 min(self.arch.lm_head.out_features, EAGLE_DRAFT_VOCAB))
 
-    def _combine(self, times, pre, dec):
+    def _combine(self, times, pre, dec, floor):
         """Engine step = (kernels + scaled routed experts) x phase scale + network + overhead,
         the phase factors weighted by the step's prefill share of tokens (as model.serve.closed_loop
-        combines the same factors for the pure steps it was fitted on)."""
+        combines the same factors for the pure steps it was fitted on). The scaled kernels never
+        go below `floor` (`kernel_floor_s`): a fitted factor below 1 makes the engine's kernels
+        faster than the measured ones, never faster than the chip."""
         f = self.factors
         pre_share = pre / np.maximum(pre + dec * (1 + self.spec_tokens), 1e-9)
         scale = f.prefill_scale * pre_share + f.decode_scale * (1 - pre_share)
@@ -218,7 +231,8 @@ class StepModel:
         network = sum((np.asarray(t) * c for _, kind, c, t in times if kind == "network"),
                       0.0 * pre)
         overhead = f.step_overhead_s
-        return kernel * scale + network + overhead, kernel * scale, network, overhead
+        kernel = np.maximum(kernel * scale, floor)
+        return kernel + network + overhead, kernel, network, overhead
 
     def _args(self, prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs):
         arrs = np.broadcast_arrays(*(np.asarray(a, float) for a in (
@@ -247,6 +261,19 @@ class StepModel:
         return (np.where(busy, kernel, 0.0), np.where(busy, network, 0.0),
                 np.where(busy, moe, 0.0))
 
+    def kernel_floor_s(self, prefill_tokens=0.0, prefill_context=0.0, decode_seqs=0.0,
+                       decode_context=0.0, prefill_seqs=1.0, prefill_ranks=None):
+        """Kernel seconds of a step at its physical floor: every op's FLOPs at the chip's peak
+        and its bytes at the full HBM bandwidth, no launch cost (theory.md section 3), the bound
+        no engine factor may push a step's kernels below."""
+        pre, pctx, dec, dctx, pseqs = self._args(prefill_tokens, prefill_context, decode_seqs,
+                                                 decode_context, prefill_seqs)
+        return self._floor(pre, pctx, dec, dctx, pseqs, self._pranks(prefill_ranks))
+
+    def _floor(self, pre, pctx, dec, dctx, pseqs, pranks=None):
+        times = self._op_times(pre, pctx, dec, dctx, pseqs, pranks, ideal=True)
+        return np.where((pre > 0) | (dec > 0), sum(np.asarray(t) * c for _, _, c, t in times), 0.0)
+
     def step_time_s(self, prefill_tokens=0.0, prefill_context=0.0, decode_seqs=0.0,
                     decode_context=0.0, prefill_seqs=1.0, prefill_ranks=None):
         """Seconds of one engine step (see the module docstring); `prefill_ranks`: how many of
@@ -254,8 +281,9 @@ class StepModel:
         decode and wait for it in lock-step)."""
         pre, pctx, dec, dctx, pseqs = self._args(prefill_tokens, prefill_context, decode_seqs,
                                                  decode_context, prefill_seqs)
-        times = self._op_times(pre, pctx, dec, dctx, pseqs, self._pranks(prefill_ranks))
-        total, *_ = self._combine(times, pre, dec)
+        pranks = self._pranks(prefill_ranks)
+        times = self._op_times(pre, pctx, dec, dctx, pseqs, pranks)
+        total, *_ = self._combine(times, pre, dec, self._floor(pre, pctx, dec, dctx, pseqs, pranks))
         return np.where((pre > 0) | (dec > 0), total, 0.0)
 
     def breakdown(self, prefill_tokens=0.0, prefill_context=0.0, decode_seqs=0.0,
@@ -263,8 +291,10 @@ class StepModel:
         """Per-op table for one scalar step, its FLOPs / bytes per GPU and the bottleneck label."""
         pre, pctx, dec, dctx, pseqs = (float(np.asarray(a).ravel()[0]) for a in self._args(
             prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs))
-        times = self._op_times(*(np.asarray(v) for v in (pre, pctx, dec, dctx, pseqs)))
-        total, kernel, network, overhead = self._combine(times, np.asarray(pre), np.asarray(dec))
+        args = tuple(np.asarray(v) for v in (pre, pctx, dec, dctx, pseqs))
+        times = self._op_times(*args)
+        total, kernel, network, overhead = self._combine(times, args[0], args[2],
+                                                         self._floor(*args))
         rows = [{"op": n, "kind": kind, "count": c, "time_s": float(np.asarray(t)) * c}
                 for n, kind, c, t in times]
         merged: dict[str, dict] = {}

@@ -32,7 +32,8 @@ say, the fitted `benchmark_rounds`.
 Steps. decode: (kernels + moe_scale * routed experts) * decode_scale + network + step overhead;
 prefill: (kernels + moe_prefill_scale * routed experts) * prefill_scale + network + overhead
 (disaggregated deployments: the prefill workers' prefill-only steps scale by
-`disagg_prefill_scale` instead, the decode workers' steps by `disagg_decode_scale` too).
+`disagg_prefill_scale` instead, the decode workers' steps by `disagg_decode_scale` too); each
+at least its kernels' physical floor + network + overhead.
 - synchronized (weight `sync`): TTFT = mean wave steps to a prompt's last chunk x wave step;
   the early prompts decode through about half the wave's remaining prefill steps;
 - staggered (1 - sync): a prompt is prefilled alone (aggregated: with the running decodes riding
@@ -44,8 +45,10 @@ the run's own rates and step times, not fitted: SGLang's `--scheduler-recv-inter
 decode iterations), TensorRT-LLM's attention-DP balancing (staggered context requests wait
 until every DP rank has one, at most `timeout_iters` iterations) and batch waiting (a prompt
 waits for more prompts up to `batch_wait_timeout_iters`). Little's law closes the
-loop, C = X (TTFT + (OSL-1) TPOT), with X at most what the KV pool (running sequences) and a
-dedicated prefill pool (servers / prefill time) sustain; clients beyond that wait in TTFT.
+loop, C = X (TTFT + (OSL-1) TPOT), with X at most what the KV pool (running sequences) and the
+prefill servers (the DP ranks of an aggregated replica, a dedicated prefill pool) sustain:
+servers x prompts per wave step / wave step, the asymptotic bound X <= 1 / D_max of the
+operational laws; clients beyond that wait in TTFT.
 
 Streaming. Engines that batch their streamed responses (TensorRT-LLM's and SGLang's
 `stream_interval`: one response every N iterations, to spare the API server the per-token
@@ -160,15 +163,24 @@ def batch_wait_s(tokens_needed, new_tokens, rate_rps, iteration_s, timeout_iters
 
 def step_times_s(c: Mapping, f: Mapping):
     """(decode step, wave prefill step, single-prompt prefill step) seconds of runs `c` under
-    engine factors `f`: (kernels + scaled routed experts) x phase scale + network + overhead."""
+    engine factors `f`: (kernels + scaled routed experts) x phase scale + network + overhead,
+    never less than the kernels' physical floor (`{kind}_floor_s`: FLOPs at peak, bytes at full
+    HBM bandwidth) + network + overhead: a fitted factor below 1 makes an engine faster than the
+    measured kernels, never faster than the chip."""
     ov = f["step_overhead_s"]
+
+    def floored(kind, step_s):
+        return np.maximum(step_s, c[f"{kind}_floor_s"] + c[f"{kind}_network_s"] + ov)
+
     t_dec = ((c["decode_kernel_s"] + f["moe_scale"] * c["decode_expert_s"]) * f["decode_scale"]
              + c["decode_network_s"] + ov)
-    t_dec = t_dec * (1.0 + c["disagg"] * (f["disagg_decode_scale"] - 1.0))
+    t_dec = floored("decode", t_dec * (1.0 + c["disagg"] * (f["disagg_decode_scale"] - 1.0)))
     pre = f["prefill_scale"] + c["disagg"] * (f["disagg_prefill_scale"] - f["prefill_scale"])
     mp = f["moe_prefill_scale"]
-    t_wave = (c["wave_kernel_s"] + mp * c["wave_expert_s"]) * pre + c["wave_network_s"] + ov
-    t_one = (c["one_kernel_s"] + mp * c["one_expert_s"]) * pre + c["one_network_s"] + ov
+    t_wave = floored("wave", (c["wave_kernel_s"] + mp * c["wave_expert_s"]) * pre
+                     + c["wave_network_s"] + ov)
+    t_one = floored("one", (c["one_kernel_s"] + mp * c["one_expert_s"]) * pre
+                    + c["one_network_s"] + ov)
     return t_dec, t_wave, t_one
 
 
@@ -224,10 +236,11 @@ def loop_terms(c: Mapping, f: Mapping, sync=None) -> dict:
     stall = t_one - (1.0 - first) * ov
     tpot_spread = t_dec + agg * c["seqs_per_server"] * c["chunks"] * stall / osl1
     tpot = (sync * tpot_sync + (1 - sync) * tpot_spread) / c["tokens_per_step"]
-    # a dedicated prefill pool: a busy server packs waiting prompts into wave steps, so it
-    # completes at most servers * wave_prompts / t_wave prompts/s; staggered arrivals queue at
-    # its load (M/D/1, one fixed-point step)
-    capacity = np.where(dis > 0, c["prefill_servers"] * c["wave_prompts"] / t_wave, np.inf)
+    # the prefill ceiling: a busy server packs waiting prompts into wave steps, so it completes
+    # at most servers * wave_prompts / t_wave prompts/s (aggregated: the dp ranks, which also
+    # decode); on a dedicated prefill pool staggered arrivals queue at its load (M/D/1, one
+    # fixed-point step)
+    capacity = c["prefill_servers"] * c["wave_prompts"] / t_wave
     x0 = c["running_seqs"] / (ttft_spread + request + (osl - 1.0) * tpot)
     queue = dis * md1_wait_s(x0 / capacity, prefill_alone, MAX_PREFILL_LOAD)
     # admission waits hold staggered context requests (a synchronized wave fills every rank
@@ -263,12 +276,17 @@ def explain_terms(c: Mapping, f: Mapping) -> dict:
     `ttft_terms_s` (term name -> seconds)."""
     t = {k: float(np.asarray(v)) for k, v in loop_terms(c, f).items()}
     dis = float(c["disagg"])
-    scale = (1.0 + dis * (f["disagg_decode_scale"] - 1.0)) * f["decode_scale"]
+    worker = 1.0 + dis * (f["disagg_decode_scale"] - 1.0)
+    scale = worker * f["decode_scale"]
     spec = float(c["tokens_per_step"])
+    scaled = ((c["decode_kernel_s"] + f["moe_scale"] * c["decode_expert_s"]) * f["decode_scale"]
+              + c["decode_network_s"] + f["step_overhead_s"]) * worker
     tpot = {"decode_kernels": c["decode_kernel_s"] * scale / spec,
             "decode_experts": f["moe_scale"] * c["decode_expert_s"] * scale / spec,
-            "network": c["decode_network_s"] * (1.0 + dis * (f["disagg_decode_scale"] - 1.0)) / spec,
+            "network": c["decode_network_s"] * worker / spec,
             "step_overhead": f["step_overhead_s"] / spec,
+            # what the kernels' physical floor adds where the scaled step would beat it
+            "kernel_floor": max(t["decode_step_s"] - scaled, 0.0) / spec,
             "prefill_interference": t["prefill_interference_s"] / spec}
     ttft = {"prefill": t["prefill_s"], "kv_transfer": t["kv_transfer_s"],
             "request_overhead": t["request_overhead_s"],

@@ -148,11 +148,11 @@ def _kv_limit(sm: StepModel, isl: int, osl: int) -> float:
 def _components(steps: dict, new: float, wave_tokens: float, chunk: float, per_server: float,
                 counts: dict) -> dict:
     """The components dict `closed_loop` reads: `steps` maps each step kind (decode, wave, one)
-    to its (kernel, network, routed-expert) seconds; a wave packs `wave_tokens` of the
+    to its (kernel, network, routed-expert, kernel-floor) seconds; a wave packs `wave_tokens` of the
     `per_server` prompts of `new` tokens into each step, a lone prompt runs in chunks of
     `chunk`; `counts`: the run's other quantities (sequences, servers, flags)."""
     out = {f"{kind}_{part}_s": float(value) for kind, parts in steps.items()
-           for part, value in zip(("kernel", "network", "expert"), parts, strict=True)}
+           for part, value in zip(("kernel", "network", "expert", "floor"), parts, strict=True)}
     return {**out, "wave_steps_mean": _prefill_queue_steps(per_server, new, wave_tokens),
             "wave_steps": float(np.ceil(per_server * new / wave_tokens)),
             "chunks": float(np.ceil(new / chunk)), "seqs_per_server": per_server,
@@ -175,11 +175,11 @@ def agg_components(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_t
     # staggered: one prompt at a time (chunked), decodes riding along
     chunk = min(budget, new)
     # the three step kinds in one vectorized call: wave prefill, single prompt, decode
-    kernel, network, expert = sm.step_parts(
-        [wave_tokens * p.dp, chunk * p.dp, 0.0], [isl, isl, 0.0],
-        [0.0, 0.0, running / p.pp], [0.0, 0.0, isl + osl / 2.0],
-        [max(wave_tokens / new, 1.0) * p.dp, p.dp, 1.0])
-    steps = {kind: (kernel[i], network[i], expert[i])
+    args = ([wave_tokens * p.dp, chunk * p.dp, 0.0], [isl, isl, 0.0],
+            [0.0, 0.0, running / p.pp], [0.0, 0.0, isl + osl / 2.0],
+            [max(wave_tokens / new, 1.0) * p.dp, p.dp, 1.0])
+    parts = (*sm.step_parts(*args), sm.kernel_floor_s(*args))
+    steps = {kind: tuple(part[i] for part in parts)
              for i, kind in enumerate(("wave", "one", "decode"))}
     return _components(steps, new, wave_tokens, chunk, per_rank, {
         "running_seqs": running, "concurrency": float(concurrency), "osl_tokens": float(osl),
@@ -205,10 +205,12 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
     budget = float(max_num_batched_tokens)
     chunk = min(budget, new)
     dp = pre.plan.dp
-    decode = dec.step_parts(0, 0, per_worker / dec.plan.pp, isl + osl / 2.0)
+    decode_args = (0, 0, per_worker / dec.plan.pp, isl + osl / 2.0)
+    decode = (*dec.step_parts(*decode_args), dec.kernel_floor_s(*decode_args))
     # a single prompt, and a full step of budget tokens (what a busy prefill server runs)
-    (k_one, k_full), (n_one, n_full), (m_one, m_full) = pre.step_parts(
-        [chunk * dp, budget * dp], isl, 0.0, 0.0, [dp, max(budget / new, 1.0) * dp])
+    one_args = ([chunk * dp, budget * dp], isl, 0.0, 0.0, [dp, max(budget / new, 1.0) * dp])
+    (k_one, k_full), (n_one, n_full), (m_one, m_full) = pre.step_parts(*one_args)
+    f_one = pre.kernel_floor_s(*one_args)[0]
     rate = running / (max(osl - 1, 1) * float(decode[0] + decode[1] + decode[2])
                       / dec.tokens_per_decode_step)
     prefill_workers = infer_prefill_workers(
@@ -216,11 +218,13 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
     servers = prefill_workers * dp
     per_server = max(running / servers, 1.0)
     wave_tokens = min(budget, per_server * new)
-    (k_wave,), (n_wave,), (m_wave,) = pre.step_parts(
-        [wave_tokens * dp], isl, 0.0, 0.0, [max(wave_tokens / new, 1.0) * dp])
+    wave_args = ([wave_tokens * dp], isl, 0.0, 0.0, [max(wave_tokens / new, 1.0) * dp])
+    (k_wave,), (n_wave,), (m_wave,) = pre.step_parts(*wave_args)
+    (f_wave,) = pre.kernel_floor_s(*wave_args)
     kv_bytes = float(dec.kv_bytes_per_seq_per_gpu(isl)) * dec.plan.attention_gpus
     bw = pre.hw.scale_out_bandwidth_bytes_per_s * pre.gpus
-    steps = {"decode": decode, "wave": (k_wave, n_wave, m_wave), "one": (k_one, n_one, m_one)}
+    steps = {"decode": decode, "wave": (k_wave, n_wave, m_wave, f_wave),
+             "one": (k_one, n_one, m_one, f_one)}
     return _components(steps, new, wave_tokens, chunk, per_server, {
         "running_seqs": float(running), "concurrency": float(concurrency),
         "osl_tokens": float(osl), "kv_transfer_s": kv_bytes / bw, "disagg": 1.0,
