@@ -73,6 +73,12 @@ SETS = (
                 "(data/benchmarks/inferencex_agentx_deployments.yaml); never fitted",
                 "data/benchmarks/inferencex_agentx_2026-09-15.csv",
                 date="2026-09-15 (retrieved from the InferenceX API)"),
+    MeasuredSet("published", "model.validate.published:published_runs",
+                "results vendors and engines published with their deployment stated (MLPerf "
+                "Inference v5.1, TensorRT-LLM performance overview, AMD ROCm vLLM results, NVIDIA "
+                "NIM, an Oracle MI300X post; sources and dates per row in "
+                "data/benchmarks/published_results.csv and data/benchmarks/README.md); never fitted",
+                "data/benchmarks/published_results.csv"),
 )
 
 
