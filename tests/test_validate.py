@@ -127,7 +127,7 @@ def test_unknown_set_is_one_error_line_naming_the_sets(capsys):
     lines = err.strip().splitlines()
     assert out == "" and len(lines) == 1
     assert lines[0] == ("servecast: error: unknown measured set 'no-such-set'; allowed: "
-                        "calibration, kernels, inferencex-agentx")
+                        "calibration, kernels, inferencex-agentx, published")
     with pytest.raises(ServecastError, match="allowed: calibration, kernels"):
         measured_set("mlperf")
 
@@ -198,4 +198,5 @@ def test_reports_go_beside_each_sets_data():
     paths = {s.name: str(s.report_path.relative_to(s.report_path.parents[2])) for s in SETS}
     assert paths == {"calibration": "data/calibration/calibration_scoreboard.md",
                      "kernels": "data/calibration/kernels_scoreboard.md",
-                     "inferencex-agentx": "data/benchmarks/inferencex-agentx_scoreboard.md"}
+                     "inferencex-agentx": "data/benchmarks/inferencex-agentx_scoreboard.md",
+                     "published": "data/benchmarks/published_scoreboard.md"}

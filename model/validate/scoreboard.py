@@ -78,7 +78,9 @@ SETS = (
                 "Inference v5.1, TensorRT-LLM performance overview, AMD ROCm vLLM results, NVIDIA "
                 "NIM, an Oracle MI300X post; sources and dates per row in "
                 "data/benchmarks/published_results.csv and data/benchmarks/README.md); never fitted",
-                "data/benchmarks/published_results.csv"),
+                "data/benchmarks/published_results.csv",
+                date="per row (source_date): 26 rows published 2025-09-09 to 2025-10-06, 42 "
+                     "from sources that state no date, read 2026-12-06"),
 )
 
 
