@@ -285,6 +285,14 @@ def _softmax_counts(kind, phase, b, n, c, a, heads, kv_bytes, tp, qo_bytes):
     return flops, bytes_, rows, idx_flops, idx_bytes
 
 
+def _latent_up_flops(b, read, a, heads):
+    """FLOPs of up-projecting `read` cached latents per sequence to per-head K (nope) and V: the
+    expanded (prefill) MLA kernel's GEMM over the cached rows."""
+    latent = a.kv_lora_rank or a.v_head_dim
+    nope = a.head_dim - (a.qk_rope_head_dim or 0)
+    return 2.0 * b * read * latent * heads * (nope + a.v_head_dim)
+
+
 def _latent_counts(kind, phase, b, n, c, a, heads, kv_bytes, qo_bytes):
     """mla / dsa: compressed latent entries; dsa's indexer keeps top_k tokens."""
     dims = entry_dims(a)
@@ -301,9 +309,8 @@ def _latent_counts(kind, phase, b, n, c, a, heads, kv_bytes, qo_bytes):
         flops = 2.0 * b * n * heads * (dims + latent) * att
         rows = n * heads
     else:  # expanded: per-head nope+rope / v dims, plus up-projecting the cached latents
-        nope = a.head_dim - (a.qk_rope_head_dim or 0)
         flops = (2.0 * b * n * heads * (a.head_dim + a.v_head_dim) * att
-                 + 2.0 * b * read * latent * heads * (nope + a.v_head_dim))
+                 + _latent_up_flops(b, read, a, heads))
         rows = n
     bytes_ = b * (read + n) * dims * kv_bytes + qo_bytes
     return flops, bytes_, rows, idx_flops, idx_bytes
@@ -385,6 +392,15 @@ def attention_time_s(kind: str, phase: str, batch, new_tokens, context_tokens, a
     flops, bytes_, rows = attention_flops_bytes(kind, phase, batch, new_tokens, context_tokens,
                                                 attention, kv.bytes, tp)
     params = _params(hw, f"attention.{ATTENTION_FAMILY[kind]}.{phase}", kv.name, ideal)
+    if phase == "prefill" and ATTENTION_FAMILY[kind] == "mla":
+        # the cached latents' up-projection runs as a GEMM over the context's rows, not the new
+        # ones: its FLOPs take the efficiency at the context (the same where nothing is cached,
+        # as in every fitted mla_context sample)
+        m = np.maximum(np.asarray(new_tokens, dtype=float), 1e-9)
+        c = np.maximum(np.asarray(context_tokens, dtype=float), m)
+        up = _latent_up_flops(np.asarray(batch, dtype=float), c, attention,
+                              -(-attention.num_heads // tp))
+        flops = flops - up * (1.0 - params.compute_efficiency(m) / params.compute_efficiency(c))
     queries = np.asarray(batch, dtype=float) * np.asarray(new_tokens, dtype=float)
     return roofline_time_s(flops, bytes_, hw.peak("bf16"), hw.hbm_bandwidth_bytes_per_s,
                            params, rows, row_count=queries)
