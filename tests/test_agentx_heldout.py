@@ -7,7 +7,16 @@ import re
 
 import pytest
 
-from model.validate.agentx import _group_runs, load_groups, load_runs, predict, summary
+from model.specs.hardware import load_hardware
+from model.validate.agentx import (
+    _group_runs,
+    _policy,
+    _spec_by_concurrency,
+    load_groups,
+    load_runs,
+    predict,
+    summary,
+)
 
 
 @pytest.mark.parametrize("run_id, model, chip, gpus, conc, tpgs, p90", [
@@ -87,3 +96,48 @@ def test_kimi_k3_b300_aggregated_sweep_from_24_sessions():
     assert served.tpgs_err.abs().max() < 0.10
     assert served.p90_interactivity_err.abs().max() < 0.25
     assert served.p90_ttft_err.between(0.0, 1.30).all()
+
+
+def test_each_run_has_at_most_one_deployment_and_the_unmapped_are_the_headers():
+    # data/benchmarks/inferencex_agentx_deployments.yaml maps 211 of the 245 runs; its header
+    # names the 34 left: MiniMax M3 on 8 H100 (30, weights offloaded to host memory), Kimi K3 on
+    # MI355X at 44 and 48 sessions (2, DCP8 launcher not stored), DeepSeek V4 Pro on MI355X at 64
+    # sessions (2, TP8 and DEP8 rows indistinguishable in the export)
+    runs = load_runs()
+    owners = {}
+    for g in load_groups():
+        for run_id in _group_runs(runs, g).id:
+            owners.setdefault(run_id, []).append((g["model"], g["hardware"], g["gpus"]))
+    assert all(len(v) == 1 for v in owners.values()), {k: v for k, v in owners.items()
+                                                      if len(v) > 1}
+    assert len(owners) == 211
+    left = runs[~runs.id.isin(owners)]
+    assert left.groupby(["model", "hardware"]).size().to_dict() == {
+        ("dsv4", "mi355x"): 2, ("kimik3", "mi355x"): 2, ("minimaxm3", "h100"): 30}
+    assert sorted(left[left.hardware == "mi355x"].conc) == [44, 48, 64, 64]
+
+
+def _group(model, hardware, gpus, conc):
+    return next(g for g in load_groups() if (g["model"], g["hardware"], g["gpus"]) ==
+                (model, hardware, gpus) and conc in g["conc"])
+
+
+def test_recipe_knobs_per_concurrency():
+    # DeepSeek V4 Pro, 1P DEP4 + 1D DEP16 on GB300 (InferenceX dsv4/vllm/gb300-fp4/agentx/
+    # variants.yaml@85c369c1): decode max-num-seqs 4 per rank at 128 sessions, 8 at 256
+    g = _group("dsv4", "gb300", 20, 128)
+    assert (_policy(g, 128).max_num_seqs, _policy(g, 256).max_num_seqs) == (4, 8)
+    # Kimi K3, TP8 on MI355X (kimik3/vllm/mi355x-fp4-mtp/agentic.yaml@49efaa11): DSpark 7 drafts
+    # at one session with a 16,384-token budget, 3 drafts at 14 sessions with 8,192; the golden
+    # ALs of golden_al_distribution/kimik3_dspark_probabilistic_..._block_rejection_sample_method
+    # .yaml (thinking_on): 7 -> 3.84, 3 -> 3.00
+    g = _group("kimik3", "mi355x", 8, 1)
+    spec = _spec_by_concurrency(g, "kimi-k3", load_hardware("mi355x"))
+    assert spec[1] == (7, 3.84, "dspark") and spec[14] == (3, 3.0, "dspark")
+    assert (_policy(g, 1).max_num_batched_tokens, _policy(g, 14).max_num_batched_tokens) == (
+        16384, 8192)
+    # DeepSeek V4 Pro-0813 on MI355X (dsv4/vllm/mi355x-fp4-mtp/agentic.yaml@e84e267d): DSpark 6,
+    # golden AL 3.77 (dsv4_0813_dspark_probabilistic.yaml, thinking_on)
+    g = _group("dsv4", "mi355x", 8, 8)
+    assert _spec_by_concurrency(g, "deepseek-v4-pro", load_hardware("mi355x"))[8] == (
+        6, 3.77, "dspark")

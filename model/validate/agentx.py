@@ -10,8 +10,13 @@ outside the calibration set, so the table says how far the model carries.
 
 Each group's deployment (plan, worker counts, scheduler knobs, speculative decoding per
 concurrency) is read from its InferenceX recipe (the YAML names file and commit); precision, KV
-dtype and the draft's acceptance length come from data/deployments/ as `plan` serves them.
-Traffic is `agentx-v1` (the AgentX v1.0 traffic these runs replay).
+dtype and the draft's acceptance length come from data/deployments/ as `plan` serves them, unless
+the group's recipe states its own (`precision`, `kv_dtype`, `spec_method`,
+`acceptance_length`). Traffic is `agentx-v1` (the AgentX v1.0 traffic these runs replay).
+
+Where the export counts fewer GPUs than the recipe deploys (`deployed_gpus`: a DEP prefill worker
+configured as `tp: 1` counts as one GPU), the measured TPGS is total throughput over the export's
+count, so the model's total throughput is divided by that count too.
 """
 
 from __future__ import annotations
@@ -39,7 +44,11 @@ REPORT = ROOT / "data" / "benchmarks" / "inferencex_agentx_check.md"
 WORKLOAD = "agentx-v1"
 ARCHES = {"dsv4": "deepseek-v4-pro", "kimik3": "kimi-k3", "minimaxm3": "minimax-m3"}
 CHIPS = {"b200": "b200", "b300": "b300", "gb200": "gb200-nvl72", "gb300": "gb300-nvl72",
-         "h200": "h200-sxm"}
+         "h100": "h100-sxm", "h200": "h200-sxm", "mi300x": "mi300x", "mi325x": "mi325x",
+         "mi355x": "mi355x"}
+# export columns a group may also select its runs by (`match`): where one point ran on two
+# deployments of the same GPU count
+MATCH_COLUMNS = ("decode_tp", "spec_method")
 COLUMNS = {"metrics.tput_per_gpu": "tpgs", "metrics.p90_intvty": "p90_interactivity",
            "metrics.median_intvty": "p50_interactivity", "metrics.p90_ttft": "p90_ttft",
            "total_gpus": "gpus"}
@@ -61,25 +70,51 @@ def load_groups(path: Path = DEPLOYMENTS) -> list[dict]:
 
 
 def _group_runs(runs: pd.DataFrame, g: dict) -> pd.DataFrame:
-    return runs[(runs.model == g["model"]) & (runs.hardware == g["hardware"])
-                & (runs.framework == g["framework"]) & (runs.disagg == bool(g["disagg"]))
-                & (runs.gpus == int(g["gpus"])) & runs.conc.isin(g["conc"])]
+    sel = ((runs.model == g["model"]) & (runs.hardware == g["hardware"])
+           & (runs.framework == g["framework"]) & (runs.disagg == bool(g["disagg"]))
+           & (runs.gpus == int(g["gpus"])) & runs.conc.isin(g["conc"]))
+    for column, value in (g.get("match") or {}).items():
+        if column not in MATCH_COLUMNS:
+            raise ServecastError(f"{DEPLOYMENTS.name}: match: {column!r}: allowed "
+                                 f"{', '.join(MATCH_COLUMNS)}")
+        sel &= runs[column] == value
+    return runs[sel]
+
+
+def _at(value, concurrency: int, default=None):
+    """A group field at one concurrency: one value for all, or a {concurrency: value} map."""
+    if isinstance(value, dict):
+        return value.get(concurrency, default)
+    return default if value is None else value
 
 
 def _spec_by_concurrency(g: dict, arch: str, hw) -> dict[int, tuple[int, float, str]]:
-    """Speculative decoding per concurrency: the family recipe's, or fewer drafts (acceptance
-    length through model.specs.recipes.acceptance_for_tokens), or off."""
+    """Speculative decoding per concurrency: the family recipe's, or the group's draft tokens
+    (`spec`, one count or per concurrency) and method; the acceptance length is the one the
+    group's recipe pins for that draft count (`acceptance_length`), else the family's through
+    model.specs.recipes.acceptance_for_tokens; `off` turns it off."""
     from model.specs.recipes import SPEC_OFF, acceptance_for_tokens, recipe_for
 
     tokens, al, method = recipe_for(arch).spec_on(hw)
+    pinned = g.get("acceptance_length") or {}
     out = {}
     for c in g["conc"]:
-        k = (g.get("spec") or {}).get(c, tokens)
+        k = _at(g.get("spec"), c, tokens)
         if k in ("off", 0, None):
             out[c] = SPEC_OFF
         else:
-            out[c] = (int(k), acceptance_for_tokens(tokens, al, int(k)), method)
+            k_al = pinned.get(int(k)) or acceptance_for_tokens(tokens, al, int(k))
+            out[c] = (int(k), float(k_al), g.get("spec_method", method))
     return out
+
+
+def _policy(g: dict, concurrency: int) -> EnginePolicy:
+    """The engine knobs at one concurrency (max_num_seqs per DP rank; vLLM's default where the
+    recipe leaves it)."""
+    return EnginePolicy(int(_at(g["max_num_batched_tokens"], concurrency)),
+                        int(_at(g.get("max_num_seqs"), concurrency, MAX_NUM_SEQS)),
+                        int(g.get("long_prefill_token_threshold", 0)),
+                        int(g.get("prefill_schedule_interval", 1)))
 
 
 def deployment_label(g: dict) -> str:
@@ -96,23 +131,24 @@ def predict_group(g: dict, runs: pd.DataFrame) -> list[dict]:
     sessions (model.plan.full_tier.evaluate_deployment, as `servecast serve --deployment`)."""
     arch, chip = ARCHES[g["model"]], CHIPS[g["hardware"]]
     spec = _spec_by_concurrency(g, arch, load_hardware(chip))
-    shape, _ = parse_deployment_label(deployment_label(g)).resolve(int(g["gpus"]))
-    policy = EnginePolicy(int(g["max_num_batched_tokens"]), MAX_NUM_SEQS,
-                          int(g.get("long_prefill_token_threshold", 0)),
-                          int(g.get("prefill_schedule_interval", 1)))
+    deployed = int(g.get("deployed_gpus", g["gpus"]))
+    shape, _ = parse_deployment_label(deployment_label(g)).resolve(deployed)
+    deployment = g.get("plan") or f"{g['x']}P {g['prefill']} + {g['y']}D {g['decode']}"
+    if deployed != int(g["gpus"]):
+        deployment += f" ({deployed} GPUs)"
     out = []
     for _, run in runs.sort_values("conc").iterrows():
         tokens, al, method = spec[int(run.conc)]
         setup = setup_for(arch, chip, WORKLOAD, ServingChoices(
-            spec_tokens=tokens, acceptance_length=al or None, spec_method=method))
-        predicted, reason = _served(setup, labelled_deployment(shape, setup, int(run.conc),
-                                                               policy))
+            precision=g.get("precision"), kv_dtype=g.get("kv_dtype"), spec_tokens=tokens,
+            acceptance_length=al or None, spec_method=method))
+        predicted, reason = _served(setup, shape, int(run.conc), _policy(g, int(run.conc)))
+        if "tpgs" in predicted:  # the export's TPGS divides by its own GPU count
+            predicted["tpgs"] *= deployed / int(g["gpus"])
         row = {"id": int(run.id), "model": g["model"], "hardware": g["hardware"],
                "framework": g["framework"], "mode": g["mode"], "gpus": int(run.gpus),
-               "deployment": g.get("plan") or f"{g['x']}P {g['prefill']} + {g['y']}D "
-                                              f"{g['decode']}",
-               "frontend": g.get("frontend", ""), "concurrency": int(run.conc),
-               "spec_tokens": tokens, "skip_reason": reason}
+               "deployment": deployment, "frontend": g.get("frontend", ""),
+               "concurrency": int(run.conc), "spec_tokens": tokens, "skip_reason": reason}
         for name in METRICS:
             m, p = float(run[name]), float(predicted.get(name) or np.nan)
             row |= {f"{name}_measured": m, f"{name}_model": p, f"{name}_err": p / m - 1}
@@ -120,9 +156,12 @@ def predict_group(g: dict, runs: pd.DataFrame) -> list[dict]:
     return out
 
 
-def _served(setup, deployment) -> tuple[dict[str, float], str]:
-    """(the full tier's TPGS, P90 interactivity and P90 TTFT, why there are none)."""
+def _served(setup, shape, concurrency: int, policy: EnginePolicy
+            ) -> tuple[dict[str, float], str]:
+    """(the full tier's TPGS, P90 interactivity and P90 TTFT, why there are none): a plan the
+    model cannot place (Infeasible) is a reason too."""
     try:
+        deployment = labelled_deployment(shape, setup, concurrency, policy)
         r = evaluate_deployment(setup, deployment).result
     except Exception as err:  # one run's failure must not sink the table; it is reported
         return {}, f"{type(err).__name__}: {err}"
