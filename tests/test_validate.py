@@ -46,8 +46,9 @@ def checked() -> dict:
 
 
 def test_calibration_set_scores_what_check_scores(calibration, checked):
-    # check on e2e_measured.csv: 2,425 rows, all predicted; median APE TTFT 0.2410, TPOT 0.1303;
-    # MAPE 0.4477 / 0.3325 (engine.yaml scores.in_sample.overall stores the same figures)
+    # check on e2e_measured.csv: 2,425 rows, all predicted; median APE TTFT 0.2410, TPOT 0.1275;
+    # MAPE 0.4476 / 0.3321 (engine.yaml scores.in_sample.overall stores 0.1303 / 0.3325 for TPOT:
+    # its fit predates the steps' physical floor, which lifts 45 TensorRT-LLM H100 decode steps)
     assert calibration["rows"] == checked["rows"] == 2425
     assert calibration["predicted"] == checked["predicted"] == 2425
     mae, mean = calibration["median_abs_error"], calibration["mean_abs_error"]
@@ -56,7 +57,7 @@ def test_calibration_set_scores_what_check_scores(calibration, checked):
     assert mean["ttft_ms"] == pytest.approx(checked["ttft_mape"], rel=1e-12)
     assert mean["tpot_ms"] == pytest.approx(checked["tpot_mape"], rel=1e-12)
     assert mae["ttft_ms"] == pytest.approx(0.2410, abs=5e-5)
-    assert mae["tpot_ms"] == pytest.approx(0.1303, abs=5e-5)
+    assert mae["tpot_ms"] == pytest.approx(0.1275, abs=5e-5)
 
 
 @pytest.mark.parametrize("slice_key, check_key", [
