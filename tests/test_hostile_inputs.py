@@ -6,6 +6,8 @@ an impossible plan."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from model import ROOT
@@ -385,3 +387,19 @@ def test_memory_sizes_a_context_within_the_window_unless_extrapolation_is_asked(
     assert "40,960" in refusal(args + ["--context", "50000"], capsys, "--context = 50,000 tokens")
     assert main(args + ["--context", "50000", "--allow-beyond-window"]) == 0
     assert "window of 40,960" in json.loads(capsys.readouterr().out)["assumptions"][0]
+
+
+def test_a_load_past_every_step_is_a_stated_unstable_result(tmp_path, capsys):
+    # A valid profile of 10^11-token prompts and outputs collapses the closed loop's root
+    # bracket (model.serve.load_rate); serve states it unstable with the solver's reason
+    # (model.serve.engine.serve) instead of a ZeroDivisionError traceback.
+    profile = (ROOT / "data" / "workloads" / "fixed-1k1k.yaml").read_text()
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(profile.replace("value: 1024", "value: 100000000000"))
+    assert "100000000000" in huge.read_text()
+    assert main(["serve", "--arch", "llama-3.1-70b", "--hardware", "h200", "--tp", "4",
+                 "--workload", str(huge), "--concurrency", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stable"] is False
+    assert out["reason"].startswith("unstable: the queue solver failed")
+    assert out["tpgs"] is None

@@ -156,8 +156,9 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     eng = _engine(step_model, workload, policy, load, dp, hit_rate, mix_size, seed, cache)
     try:
         return _solved(eng, load, dp, policy, cache, slo_p90_interactivity, slo_ttft_s)
-    except (np.linalg.LinAlgError, FloatingPointError) as err:
-        # a singular chain or a fixed point that will not settle: a stated result, no number
+    except (np.linalg.LinAlgError, FloatingPointError, ZeroDivisionError) as err:
+        # a singular chain, a fixed point that will not settle or a root bracket that collapsed
+        # (a load far past any step the tables hold): a stated result, no number
         return _unstable(f"unstable: the queue solver failed ({err})", eng.sample.hit_rate,
                          policy)
 
