@@ -156,6 +156,8 @@ def assumptions(inputs: PlanInputs, cost: CostSummary, row: pd.Series,
         + (f" ({r.assumptions(inputs.hardware)})" if r else " (no deployment recipe)"),
         "speculative decoding " + (f"{spec[2]} {spec[0]} tokens, acceptance length "
                                    f"{spec[1]:g} tokens per step" if spec[0] else "off")]
+    if inputs.beyond_window:
+        out.append(inputs.beyond_window)
     if inputs.cache_inputs is not None:
         out.append(f"prefix cache: {cache.policy} over {'+'.join(cache.tiers)} per replica "
                    f"(model.serve.cache_model closed form), hit {float(row['hit_rate']):.3f} "

@@ -315,7 +315,8 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
         raise ServecastError(f"--spec-tokens must be >= 0 and --spec-acceptance in [0, 1] "
                              f"(got {spec_tokens}, {spec_acceptance})")
     kw = dict(moe_precision=moe_precision, cross_domain_tp=cross_domain_tp,
-              spec_tokens=spec_tokens, spec_acceptance=spec_acceptance)
+              spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
+              max_num_batched_tokens=max_num_batched_tokens)
     try:
         if disagg is None:
             sm = build_step_model(arch, hw, plan, precision, kv_dtype, backend, **kw)
