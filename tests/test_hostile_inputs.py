@@ -88,6 +88,13 @@ CASES += [
     (["plan", "--deployment", "1x[tp4]", "--arch", "minimax-m3", "--hardware", "b300",
       "--concurrency", "600"], "allowed: 1..512"),
     (["plan", *NO_NVME, "--gpus", "2", "--cache-tiers", "hbm,host,nvme"], "--cache-tiers: nvme"),
+    # a bad name is named even where the plan could not fit (minimax-m3 on one B300)
+    (EST + ["--kv-dtype", "int3"], "unknown dtype 'int3'"),
+    (EST + ["--arrival", "bogus"], "unknown arrival 'bogus'"),
+    # prefill workers exist only when disaggregated: had been ignored without a word
+    (SERVE + ["--prefill-hardware", "h100"], "--prefill-hardware h100: prefill workers"),
+    (["plan", "--mode", "aggregated", "--prefill-hardware", "h100"],
+     "--prefill-hardware h100: prefill workers"),
     (CACHE + ["--seed", "-1", "--replicas", "2", "--routing", "random"], "--seed"),
     (CACHE + ["--replicas", "1000000"], "allowed: 1..1,024"),  # had run past a minute
     (CACHE + ["--pool-tokens", "-5", "--replicas", "2"], "--pool-tokens"),

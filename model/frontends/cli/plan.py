@@ -81,6 +81,10 @@ def register(app: typer.Typer) -> None:
 
         if mode is not None and mode not in MODES:
             raise ServecastError(f"--mode {mode!r}: allowed {', '.join(MODES)}")
+        if prefill_hardware is not None and mode == "aggregated":
+            raise ServecastError(f"--prefill-hardware {prefill_hardware}: prefill workers exist "
+                                 "only in disaggregated deployments; allowed: --mode "
+                                 "disaggregated, or no --mode")
         if gpus is None and deployment is None:
             gpus = DEFAULT_SCENARIO["gpus"]
         tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())

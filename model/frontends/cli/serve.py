@@ -194,6 +194,10 @@ def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, pol
 
     precision, kv_dtype, spec_tokens, spec_acceptance, recipe = serving
     shape, total_gpus = parse_deployment_label(label).resolve(gpus)
+    if prefill_hardware is not None and shape.mode != "disaggregated":
+        raise ServecastError(f"--prefill-hardware {prefill_hardware}: prefill workers exist only "
+                             f"in a disaggregated --deployment (xP[plan]yD[plan]); allowed: "
+                             f"leave it out for {label}")
     if isinstance(load, ClosedLoop):
         within_session_cap(load.concurrency, total_gpus)
     spec = {}
