@@ -462,3 +462,18 @@ def test_a_token_budget_takes_its_activations_from_the_kv_pool(capsys):
     args = SERVE + ["--max-num-batched-tokens", "100000000"]
     line = refusal(args, capsys, "minimax-m3 weights need")
     assert "activations of 100,000,000 batched tokens" in line
+
+
+def test_the_realistic_dep8_input_answers(capsys):
+    # DEP8 without a threshold at the AgentX post's 256 sessions had crashed with a singular
+    # matrix; it is a steady state whose percentiles are ordered and whose sessions' cycle
+    # (N / X, Little's law) holds the mean TTFT
+    args = ["serve", "--arch", "deepseek-v4-pro", "--hardware", "b300", "--dp", "8", "--ep", "8",
+            "--workload", "agentx-v1", "--concurrency", "256", "--long-prefill-token-threshold",
+            "0", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stable"] and out["tpgs"] > 0
+    assert 0 < out["interactivity_tok_s"]["p90"] <= out["interactivity_tok_s"]["p50"]
+    assert out["ttft_s"]["p50"] <= out["ttft_s"]["p90"] <= out["ttft_s"]["p99"]
+    assert out["concurrency"] / out["requests_per_s"] > out["mean_ttft_s"]
