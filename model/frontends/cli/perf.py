@@ -9,10 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from model.frontends.cli.output import JSON, emit
-from model.specs.architecture import load_architecture, within_window
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
-from model.specs.hardware import load_hardware
 
 if TYPE_CHECKING:
     from model.perf.parallel import ParallelPlan
@@ -88,6 +86,9 @@ def estimate_cmd(
                         _plan(decode_tp, decode_pp, decode_dp, decode_ep, decode_moe_tp,
                               dcp=decode_dcp),
                         prefill_workers or 1, decode_workers or 1)
+    from model.specs.architecture import load_architecture, within_window
+    from model.specs.hardware import load_hardware
+
     model = load_architecture(arch)
     beyond = within_window(model, isl + osl, "--isl + --osl", allow_beyond_window)
     out = estimate(model, load_hardware(hardware),

@@ -12,7 +12,8 @@ from model.specs.errors import ServecastError
 
 # `workload show` draws this many sessions at most: 100,000 take about 4 s and 0.6 GB
 WORKLOAD_SESSIONS_CAP = 100_000
-workload_app = typer.Typer(no_args_is_help=True, help="Workload profiles (data/workloads/).")
+workload_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                           help="Workload profiles (data/workloads/).")
 
 
 @workload_app.command("list")
