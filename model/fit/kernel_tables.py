@@ -121,6 +121,20 @@ NATIVE_MOE = {"mxfp4": "w4a8_mxfp4_mxfp8"}
 # the Marlin rows of Kimi-like shapes, so one curve over both misses both), else every w4a16
 # row (Hopper: Marlin, Triton).
 WEIGHT_ONLY_MOE = {"mxfp4_w4a16": ("w4a16_mxfp4", "flashinfer_trtllm_mxfp4_bf16")}
+# Per-tensor fp8 experts run on every fp8 MoE kernel vLLM has: TritonExperts, AiterExperts and
+# the FlashInfer CUTLASS / TRT-LLM experts each list both (kFp8StaticTensorSym,
+# kFp8StaticTensorSym) and (kFp8Static128BlockSym, kFp8Dynamic128Sym) in their
+# _supports_quant_scheme (vllm/model_executor/layers/fused_moe/), and one scale per tensor is
+# less work than one per 128x128 block. So the fastest measured fp8 kernel of either scale layout
+# defines the per-tensor curve. On Hopper the tables time per-tensor fp8 only through FlashInfer's
+# CUTLASS MoE (ModelOpt checkpoints): 7-16% of HBM bandwidth at decode sizes, 3-6x slower than the
+# Triton fp8 kernel at the same shapes and slower than the BF16 kernel that reads twice the bytes
+# (h100_sxm / h200_sxm moe.parquet, Mixtral-8x7B experts at 8-256 tokens: 2.4-2.7 ms fp8, 0.38-0.57
+# ms fp8_block, 0.66-0.95 ms bf16 on H200), and 2.5-4.5x slower than the same CUTLASS MoE with
+# block scales. Served, the CUTLASS and Triton fp8 MoE are within 15% of each other (sglang PR
+# 21872: H100, Qwen3 MoE FP8, CUDA graphs): the per-tensor rows time a kernel configuration an
+# engine does not serve with.
+SCALE_LAYOUTS_MOE = {"fp8": ("fp8_block",)}
 
 # Routing distribution the MoE curves are fitted on. The tables time every shape under three
 # token-to-expert distributions: balanced, power_law_1.01 and power_law_1.2. Served traffic is
@@ -144,16 +158,22 @@ def moe_rows(chip: str, dtype_name: str) -> pd.DataFrame:
         df = df[df.moe_dtype == src]
         preferred = df.kernel_source.str.contains(first)
         return df[preferred] if preferred.any() else df
-    return df[df.moe_dtype.isin(moe_sources(chip, dtype_name))]
+    df = df[df.moe_dtype.isin(moe_sources(chip, dtype_name))]
+    if dtype_name in SCALE_LAYOUTS_MOE:  # only layer shapes timed in every layout: a shape timed
+        # in one gives no bound from the others
+        layouts = df.groupby(MOE_KEYS[1:]).moe_dtype.transform("nunique")
+        df = df[layouts == df.moe_dtype.nunique()]
+    return df
 
 
 def moe_sources(chip: str, dtype_name: str) -> list[str]:
-    """Table dtypes that define `dtype_name`'s MoE curve on `chip` (native kernel if measured)."""
+    """Table dtypes that define `dtype_name`'s MoE curve on `chip` (native kernel if measured;
+    the other scale layouts a per-tensor format's kernels also run)."""
     src = [k for k, v in DTYPE.items() if v == dtype_name]
     native = NATIVE_MOE.get(dtype_name)
     if native and native in set(table(chip, "moe").moe_dtype.unique()):
         return [native]
-    return src
+    return src + list(SCALE_LAYOUTS_MOE.get(dtype_name, ()))
 
 
 def moe_dtypes(chip: str) -> list[str]:
