@@ -164,3 +164,34 @@ def test_per_tensor_fp8_moe_takes_the_fastest_fp8_kernel():
     assert set(df.moe_dtype) == {"fp8", "fp8_block"}
     entry = kernels.fitted_table()["h200_sxm"]["moe"]["fp8"]
     assert entry["heldout_median_ape"] <= 0.13
+
+
+def test_weight_only_mxfp4_moe_on_hopper_is_marlin_at_bf16_rate():
+    # Kimi K3's MXFP4 experts on H200 (no FP4 tensor cores: hardware/h200-sxm.yaml fp4_formats
+    # []) run vLLM's Marlin MoE (the InferenceX K3 H200 recipes pass --moe-backend marlin): 4-bit
+    # weights with one E8M0 scale per 32 (4.25 bits) dequantized to BF16 in the kernel, BF16 math
+    # at the H200's 989.4 TFLOP/s. h200_sxm moe.parquet times that kernel at K3's expert shape
+    # (hidden 3584, inter 3072, 896 experts, top 16) at EP 32: 0.0847 ms at 1 token, 2.154 ms at
+    # 4096 tokens (power_law_1.01).
+    from model.perf.roofline import compute_rate, lookup_dtype, moe_flops_bytes, moe_time_s
+    from model.specs.hardware import load_hardware
+    h200 = load_hardware("h200-sxm")
+    assert compute_rate("mxfp4_w4a16", h200) == ("bf16", pytest.approx(989.4e12))
+    assert lookup_dtype("mxfp4_w4a16").bits == 4.25
+    df = T.moe_rows("h200_sxm", "mxfp4_w4a16")
+    assert df.kernel_source.str.contains("marlin").all()
+    rows = df[(df.hidden_size == 3584) & (df.num_experts == 896) & (df.moe_ep_size == 32)
+              & (df.moe_tp_size == 1) & (df.distribution == T.MOE_DISTRIBUTION)]
+    measured = rows.set_index("num_tokens").latency * 1e-3
+    assert measured[1] == pytest.approx(0.0847e-3, rel=0.01)
+    assert measured[4096] == pytest.approx(2.154e-3, rel=0.01)
+    for tokens in (1, 4096):
+        t = float(moe_time_s(tokens, 3584, 3072, 16, 28, 1, 32, "mxfp4_w4a16", h200))
+        assert t == pytest.approx(measured[tokens], rel=0.10)
+    # one token reads its 16 experts' weights at 4.25 bits (the rest of the EP group's 28 local
+    # experts stay untouched): 16/32 expected local experts, 3 x 3584 x 3072 x 4.25/8 bytes each
+    _, hbm_bytes, _ = moe_flops_bytes(1, 3584, 3072, 16, 28, 1, 32, 4.25 / 8, 2.0)
+    weights = 28 * 16 / 896 * 3 * 3584 * 3072 * 4.25 / 8
+    assert float(hbm_bytes) == pytest.approx(weights, rel=0.01)
+    entry = kernels.fitted_table()["h200_sxm"]["moe"]["mxfp4_w4a16"]
+    assert entry["heldout_median_ape"] <= 0.12  # 0.104 measured (kernel_report.md)

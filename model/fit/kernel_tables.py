@@ -116,11 +116,15 @@ MOE_KEYS = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "m
 # defines the format.
 NATIVE_MOE = {"mxfp4": "w4a8_mxfp4_mxfp8"}
 # A weight-only MXFP4 checkpoint (Kimi K3) runs the w4a16 kernels on every chip: its own curve,
-# from the kernel vLLM picks first where it was measured (select_mxfp4_moe_backend: FlashInfer
-# TRT-LLM mxfp4 x bf16 on Blackwell; b200_sxm times it on gpt-oss shapes, 1.7-2.2x faster than
-# the Marlin rows of Kimi-like shapes, so one curve over both misses both), else every w4a16
-# row (Hopper: Marlin, Triton).
-WEIGHT_ONLY_MOE = {"mxfp4_w4a16": ("w4a16_mxfp4", "flashinfer_trtllm_mxfp4_bf16")}
+# from the first kernel of this list measured on the chip, the one vLLM serves it with. On
+# Blackwell FlashInfer TRT-LLM mxfp4 x bf16 (select_mxfp4_moe_backend's first choice; b200_sxm
+# times it on gpt-oss shapes, 1.7-2.2x faster than the Marlin rows of Kimi-like shapes, so one
+# curve over both misses both). On Hopper Marlin: 4-bit weights dequantized to BF16 in the
+# kernel, BF16 tensor-core math (the InferenceX Kimi K3 H200 recipes run `--moe-backend marlin`,
+# data/benchmarks/inferencex_agentx_deployments.yaml); h100_sxm / h200_sxm time it at Kimi K3's
+# own expert shape (hidden 3584, inter 3072, 896 experts, top 16, EP 1-128), while the OAI
+# Triton rows there are gpt-oss's path (quant method mxfp4), on other shapes.
+WEIGHT_ONLY_MOE = {"mxfp4_w4a16": ("w4a16_mxfp4", ("flashinfer_trtllm_mxfp4_bf16", "marlin"))}
 # Per-tensor fp8 experts run on every fp8 MoE kernel vLLM has: TritonExperts, AiterExperts and
 # the FlashInfer CUTLASS / TRT-LLM experts each list both (kFp8StaticTensorSym,
 # kFp8StaticTensorSym) and (kFp8Static128BlockSym, kFp8Dynamic128Sym) in their
@@ -154,10 +158,13 @@ def moe_rows(chip: str, dtype_name: str) -> pd.DataFrame:
     """The chip's MoE table rows that define `dtype_name`'s curve (all routing distributions)."""
     df = table(chip, "moe")
     if dtype_name in WEIGHT_ONLY_MOE:
-        src, first = WEIGHT_ONLY_MOE[dtype_name]
+        src, kernels_in_order = WEIGHT_ONLY_MOE[dtype_name]
         df = df[df.moe_dtype == src]
-        preferred = df.kernel_source.str.contains(first)
-        return df[preferred] if preferred.any() else df
+        for kernel in kernels_in_order:
+            served = df.kernel_source.str.contains(kernel)
+            if served.any():
+                return df[served]
+        return df
     df = df[df.moe_dtype.isin(moe_sources(chip, dtype_name))]
     if dtype_name in SCALE_LAYOUTS_MOE:  # only layer shapes timed in every layout: a shape timed
         # in one gives no bound from the others
