@@ -10,8 +10,11 @@ from test_ops import deepseek_v3_like, llama8b, toy_hw
 
 from model.perf.engine_factors import EngineFactors
 from model.perf.parallel import ParallelPlan
-from model.perf.step import build_step_model
+from model.perf.step import build_step_model, kernels_per_step
+from model.specs.architecture import load_architecture
+from model.specs.defaults import EAGER_LAUNCH_S, SYNC_ROUND_TRIP_S
 from model.specs.errors import Infeasible
+from model.specs.hardware import load_hardware
 
 NO_OVERHEAD = EngineFactors(step_overhead_s=0.0)
 
@@ -183,3 +186,33 @@ def test_build_step_model_is_memoized_on_all_its_arguments():
     assert build_step_model(arch, hw, ParallelPlan(), None, None, "vllm", factors=NO_OVERHEAD) is one
     other = build_step_model(arch, hw, ParallelPlan(), factors=EngineFactors(decode_scale=2.0))
     assert other is not one and other.factors.decode_scale == 2.0
+
+
+def test_eager_blocking_launches_add_to_the_cuda_graph_step():
+    # Kimi K3 on H200 as the InferenceX AgentX recipe serves it (TP8 x DP4, EP32; kimik3/vllm/
+    # h200-fp4/agentx/variants.yaml@bc9ce94e: --enforce-eager, CUDA_LAUNCH_BLOCKING=1), one
+    # decoding sequence. Kernels per step from the op list (model.perf.step.KERNELS_PER_OP), by
+    # layer of data/architectures/kimi-k3.json: 68 linear-attention MoE layers x 28 (14 GEMMs,
+    # 2 attention, 6 fused-MoE, 2 norms, 2 TP all-reduces, EP dispatch and combine), 24 MLA MoE
+    # layers x 26 (12 GEMMs and the same rest), the dense first layer 17 (11 GEMMs, 2 attention,
+    # 2 norms, 2 all-reduces), lm_head and embedding: 1,904 + 624 + 17 + 2 = 2,547. Each blocking
+    # launch costs the host's launch and the synchronous round trip (model.specs.defaults:
+    # 10 us, Holistic Trace Analysis' 5-20 us; 5.8 us, NVIDIA's "Getting Started with CUDA
+    # Graphs" 9.6 vs 3.8 us per kernel), added to the graph-replayed step with no overlap.
+    arch, hw, plan = load_architecture("kimi-k3"), load_hardware("h200-sxm"), ParallelPlan(
+        tp=8, dp=4, ep=32)
+    graphs = build_step_model(arch, hw, plan, kv_dtype="bf16")
+    blocking = build_step_model(arch, hw, plan, kv_dtype="bf16", kernel_launch="eager-blocking")
+    eager = build_step_model(arch, hw, plan, kv_dtype="bf16", kernel_launch="eager")
+    step = (0.0, 0.0, 1.0, 8192.0)
+    times = graphs._op_times(*(np.asarray(v, float) for v in (*step, 1.0)))
+    assert float(kernels_per_step(times)) == 2547
+    t_graph = float(graphs.step_time_s(*step))
+    assert build_step_model(arch, hw, plan, kv_dtype="bf16",
+                            kernel_launch="cuda-graphs") is graphs  # the default
+    assert float(blocking.step_time_s(*step)) == pytest.approx(
+        t_graph + 2547 * (EAGER_LAUNCH_S + SYNC_ROUND_TRIP_S), rel=1e-12)
+    # without blocking the host runs ahead: the step is the slower of GPU work and launches
+    gpu = t_graph - graphs.factors.step_overhead_s
+    assert float(eager.step_time_s(*step)) == pytest.approx(
+        max(gpu, 2547 * EAGER_LAUNCH_S) + graphs.factors.step_overhead_s, rel=1e-12)

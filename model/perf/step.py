@@ -4,6 +4,12 @@
            engine's phase scale + collectives the plan adds (model.perf.parallel, timed by
            model.perf.comm) + a fixed per-step engine overhead (model.perf.engine_factors)
 
+That is a step replayed as one CUDA graph. Launched kernel by kernel (`kernel_launch`), the
+host issues each of the step's kernels (`kernels_per_step`) itself: in `eager` mode it runs
+ahead of the GPU, so the GPU work and the host's launches overlap (the slower one sets the step);
+in `eager-blocking` mode (CUDA_LAUNCH_BLOCKING=1) each launch waits for its kernel, so the GPU
+idles for every launch and the two add.
+
 Conventions of `step_time_s(prefill_tokens, prefill_context, decode_seqs, decode_context)`:
 - counts are replica totals, spread evenly over the `dp` attention ranks (and prefill tokens over
   `pcp` ranks); the MoE group sees all of them;
@@ -44,7 +50,14 @@ from model.perf.parallel import (
     validate_plan,
     weight_bytes_per_gpu,
 )
-from model.specs.defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS
+from model.specs.defaults import (
+    EAGER_LAUNCH_S,
+    GPU_MEMORY_UTILIZATION,
+    KERNEL_LAUNCH,
+    KERNEL_LAUNCH_MODES,
+    MAX_NUM_BATCHED_TOKENS,
+    SYNC_ROUND_TRIP_S,
+)
 from model.specs.dtypes import dtype as lookup_dtype
 from model.specs.errors import Infeasible, ServecastError
 from model.specs.layers import Architecture, Layer
@@ -52,6 +65,14 @@ from model.specs.precision import with_precision
 
 ACTIVATION_RESERVE_BYTES = 4e9  # CUDA graphs, activations, workspace at 8K batched tokens (vLLM)
 EAGLE_DRAFT_VOCAB = 32000  # EAGLE-3 drafts predict over a reduced vocabulary (SpecForge default)
+# Kernels one entry of the op list launches per layer, by kind: a GEMM is one kernel; attention
+# is the KV-cache write and the attention kernel; the routed experts (vLLM's fused MoE, Marlin
+# on Hopper) are top-k routing, block alignment, the two grouped GEMMs, the activation and the
+# top-k sum; a collective is one NCCL kernel; a memory op is one kernel, except `norms`, the
+# layer's two fused residual-add RMSNorms. Rotary embedding, sampling and the input preparation
+# copies are not in the op list and are not counted.
+KERNELS_PER_OP = {"gemm": 1, "attention": 2, "moe": 6, "network": 1, "memory": 1}
+NORM_KERNELS = 2
 
 
 # ---- the step model ------------------------------------------------------------------------------
@@ -70,6 +91,7 @@ class StepModel:
     acceptance_length: float = 0.0  # measured mean tokens per verification step (1 + accepted)
     spec_method: str = "mtp"  # mtp (checkpoint's MTP layer) | eagle3 | dspark (external draft)
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS  # per step and DP rank
+    kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking
 
     @cached_property
     def activation_reserve_bytes(self) -> float:
@@ -232,7 +254,9 @@ class StepModel:
         the phase factors weighted by the step's prefill share of tokens (as model.serve.closed_loop
         combines the same factors for the pure steps it was fitted on). The scaled kernels never
         go below `floor` (`kernel_floor_s`): a fitted factor below 1 makes the engine's kernels
-        faster than the measured ones, never faster than the chip."""
+        faster than the measured ones, never faster than the chip. Launched eagerly, the host's
+        launches (`kernels_per_step` x model.specs.defaults.EAGER_LAUNCH_S, plus SYNC_ROUND_TRIP_S
+        each when blocking) add to the GPU time (blocking) or bound it from below (eager)."""
         f = self.factors
         pre_share = pre / np.maximum(pre + dec * (1 + self.spec_tokens), 1e-9)
         scale = f.prefill_scale * pre_share + f.decode_scale * (1 - pre_share)
@@ -243,7 +267,12 @@ class StepModel:
                       0.0 * pre)
         overhead = f.step_overhead_s
         kernel = np.maximum(kernel * scale, floor)
-        return kernel + network + overhead, kernel, network, overhead
+        gpu = kernel + network
+        if self.kernel_launch == "eager-blocking":
+            gpu = gpu + kernels_per_step(times) * (EAGER_LAUNCH_S + SYNC_ROUND_TRIP_S)
+        elif self.kernel_launch == "eager":
+            gpu = np.maximum(gpu, kernels_per_step(times) * EAGER_LAUNCH_S)
+        return gpu + overhead, kernel, network, overhead
 
     def _args(self, prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs):
         arrs = np.broadcast_arrays(*(np.asarray(a, float) for a in (
@@ -457,14 +486,29 @@ def build_step_model(arch: Architecture, hw, plan: ParallelPlan, precision: str 
                      check_fit: bool = True, moe_precision: str | None = None,
                      cross_domain_tp: bool = False, acceptance_length: float = 0.0,
                      spec_method: str = "mtp",
-                     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> StepModel:
+                     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+                     kernel_launch: str = KERNEL_LAUNCH) -> StepModel:
     """Validate the plan and build the step model; raises Infeasible if the plan breaks a rule
     or the weights leave no KV cache. `factors`: the engine factors (default: the backend's
-    stored ones, `model.perf.engine_factors`). Memoized: the same inputs give the same object."""
+    stored ones, `model.perf.engine_factors`). `kernel_launch`: CUDA graphs, eager or eager with
+    blocking launches (model.specs.defaults.KERNEL_LAUNCH_MODES). Memoized: the same inputs give
+    the same object."""
     _check_speculation(spec_tokens, spec_acceptance, acceptance_length)
+    if kernel_launch not in KERNEL_LAUNCH_MODES:
+        raise ServecastError(f"kernel_launch: allowed {', '.join(KERNEL_LAUNCH_MODES)}, got "
+                             f"{kernel_launch!r}")
     return _build(arch, hw, plan, precision, kv_dtype, backend, spec_tokens, spec_acceptance,
                   factors or engine_factors(backend), check_fit, moe_precision, cross_domain_tp,
-                  acceptance_length, spec_method, int(max_num_batched_tokens))
+                  acceptance_length, spec_method, int(max_num_batched_tokens), kernel_launch)
+
+
+def kernels_per_step(times) -> np.ndarray:
+    """Kernels a step launches on one GPU: over the op list `times` ((name, kind, count,
+    seconds) from `StepModel._op_times`), each entry's layers x its kernels (KERNELS_PER_OP) where
+    the entry does work (seconds > 0)."""
+    return sum(np.where(np.asarray(t) > 0, float(c), 0.0)
+               * (NORM_KERNELS if name.endswith(":norms") else KERNELS_PER_OP[kind])
+               for name, kind, c, t in times)
 
 
 def _check_speculation(spec_tokens: int, spec_acceptance: float, acceptance_length: float
@@ -487,13 +531,13 @@ def _build(arch: Architecture, hw, plan: ParallelPlan, precision: str | None,
            kv_dtype: str | None, backend: str, spec_tokens: int, spec_acceptance: float,
            factors: EngineFactors, check_fit: bool, moe_precision: str | None,
            cross_domain_tp: bool, acceptance_length: float, spec_method: str,
-           max_num_batched_tokens: int) -> StepModel:
+           max_num_batched_tokens: int, kernel_launch: str) -> StepModel:
     arch = with_precision(arch, precision, moe_precision)
     plan = normalize_plan(arch, plan)
     validate_plan(arch, hw, plan, cross_domain_tp)
     model = StepModel(arch, hw, plan, kv_dtype or arch.default_kv_dtype, backend, factors,
                       spec_tokens, spec_acceptance, acceptance_length, spec_method,
-                      max_num_batched_tokens)
+                      max_num_batched_tokens, kernel_launch)
     if check_fit and model.kv_pool_bytes_per_gpu <= 0:
         raise Infeasible(f"{arch.name} weights need {model.weight_bytes_per_gpu / 1e9:.1f} GB per "
                          f"GPU under {plan.label()}: with the activations of "

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from model.perf.parallel import ParallelPlan
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MODES
+from model.specs.defaults import KERNEL_LAUNCH, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MODES
 from model.specs.errors import ServecastError
 
 
@@ -111,6 +111,7 @@ class Deployment:
     max_num_seqs: int = MAX_NUM_SEQS
     long_prefill_token_threshold: int = 0  # 0 = off (vLLM)
     prefill_schedule_interval: int = 1
+    kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking (EnginePolicy)
     kv_connector: str = "NixlConnector"
     # checkpoint, KV dtype, speculative decoding (None: the architecture's own, defaults)
     serving: ServingFormat | None = field(default=None, compare=False, hash=False)
@@ -154,7 +155,8 @@ class Deployment:
         out["engine"] = {"max_num_batched_tokens": self.max_num_batched_tokens,
                          "max_num_seqs": self.max_num_seqs,
                          "long_prefill_token_threshold": self.long_prefill_token_threshold,
-                         "prefill_schedule_interval": self.prefill_schedule_interval}
+                         "prefill_schedule_interval": self.prefill_schedule_interval,
+                         "kernel_launch": self.kernel_launch}
         return {**out, **self.extras}
 
 

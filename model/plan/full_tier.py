@@ -31,7 +31,7 @@ from model.plan.traffic import Keyed
 from model.serve.deployment import CacheChoice, DeploymentServing, serve_deployment
 from model.serve.policy import EnginePolicy
 from model.serve.pools import Workers
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
+from model.specs.defaults import KERNEL_LAUNCH, MAX_NUM_BATCHED_TOKENS
 from model.specs.precision import with_precision
 from model.specs.recipes import SPEC_OFF
 from model.specs.workload import ClosedLoop, Load
@@ -88,18 +88,18 @@ def _bare(deployment: Deployment) -> Deployment:
 def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> DeploymentServing:
     policy = EnginePolicy(deployment.max_num_batched_tokens, deployment.max_num_seqs,
                           deployment.long_prefill_token_threshold,
-                          deployment.prefill_schedule_interval)
+                          deployment.prefill_schedule_interval, deployment.kernel_launch)
     if deployment.mode == "aggregated":
         replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True,
-                                            policy.max_num_batched_tokens),
+                                            policy.max_num_batched_tokens, policy.kernel_launch),
                           deployment.replica.instances)
         return serve_deployment(setup.workload, policy, load, replicas=replica,
                                 cache=setup.cache, seed=setup.seed)
     prefill = Workers(worker_step_model(setup, setup.prefill_hardware, deployment.prefill, False,
-                                        policy.max_num_batched_tokens),
+                                        policy.max_num_batched_tokens, policy.kernel_launch),
                       deployment.prefill.instances)
     decode = Workers(worker_step_model(setup, setup.hardware, deployment.decode, True,
-                                       policy.max_num_batched_tokens),
+                                       policy.max_num_batched_tokens, policy.kernel_launch),
                      deployment.decode.instances)
     link = min(float(setup.prefill_hardware.scale_out_bandwidth_bytes_per_s),
                float(setup.hardware.scale_out_bandwidth_bytes_per_s))
@@ -108,14 +108,17 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
 
 
 def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool,
-                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS):
+                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+                      kernel_launch: str = KERNEL_LAUNCH):
     """The worker's step model as the screening built it (prefill-only workers draft nothing),
-    its KV pool net of the activations of `max_num_batched_tokens` per step."""
+    its KV pool net of the activations of `max_num_batched_tokens` per step, its kernels
+    launched as `kernel_launch` says (model.specs.defaults.KERNEL_LAUNCH_MODES)."""
     spec = setup.spec if decodes else SPEC_OFF
     return build_step_model(setup.arch, hw, phase.plan, precision=setup.precision,
                             kv_dtype=setup.kv_dtype, spec_tokens=spec[0],
                             acceptance_length=spec[1], spec_method=spec[2],
-                            max_num_batched_tokens=max_num_batched_tokens)
+                            max_num_batched_tokens=max_num_batched_tokens,
+                            kernel_launch=kernel_launch)
 
 
 # ---------------------------------------------------------------- evaluated points
@@ -370,7 +373,8 @@ def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency
               "max_num_batched_tokens": policy.max_num_batched_tokens,
               "max_num_seqs": policy.max_num_seqs,
               "long_prefill_token_threshold": policy.long_prefill_token_threshold,
-              "prefill_schedule_interval": policy.prefill_schedule_interval}
+              "prefill_schedule_interval": policy.prefill_schedule_interval,
+              "kernel_launch": policy.kernel_launch}
     if shape.mode == "aggregated":
         return Deployment(mode="aggregated", replica=phase(setup.hardware, shape.replica,
                                                            shape.replicas or 1, True), **common)

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+from model.specs.defaults import (
+    KERNEL_LAUNCH,
+    KERNEL_LAUNCH_MODES,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+)
 from model.specs.errors import ServecastError
 
 
@@ -21,14 +26,20 @@ class EnginePolicy:
     `long_prefill_token_threshold`: per-request prefill tokens per step; 0 = no cap (vLLM).
     `prefill_schedule_interval`: prefill only on steps whose counter is a multiple of it; the
     counter is shared across DP ranks, so prefill lands on the same steps everywhere (1 = off).
+    `kernel_launch`: how a step's kernels are launched (model.specs.defaults.KERNEL_LAUNCH_MODES:
+    CUDA graphs, --enforce-eager, or eager with CUDA_LAUNCH_BLOCKING=1).
     """
 
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = MAX_NUM_SEQS
     long_prefill_token_threshold: int = 0
     prefill_schedule_interval: int = 1
+    kernel_launch: str = KERNEL_LAUNCH
 
     def __post_init__(self) -> None:
+        if self.kernel_launch not in KERNEL_LAUNCH_MODES:
+            raise ServecastError(f"EnginePolicy: kernel_launch: allowed "
+                                 f"{', '.join(KERNEL_LAUNCH_MODES)}, got {self.kernel_launch!r}")
         checks = (
             ("max_num_batched_tokens", self.max_num_batched_tokens, 1),
             ("max_num_seqs", self.max_num_seqs, 1),
@@ -68,13 +79,14 @@ class EnginePolicy:
 
     def with_threshold(self, threshold: int) -> EnginePolicy:
         return EnginePolicy(self.max_num_batched_tokens, self.max_num_seqs, threshold,
-                            self.prefill_schedule_interval)
+                            self.prefill_schedule_interval, self.kernel_launch)
 
     def as_dict(self) -> dict:
         return {"max_num_batched_tokens": self.max_num_batched_tokens,
                 "max_num_seqs": self.max_num_seqs,
                 "long_prefill_token_threshold": self.long_prefill_token_threshold,
-                "prefill_schedule_interval": self.prefill_schedule_interval}
+                "prefill_schedule_interval": self.prefill_schedule_interval,
+                "kernel_launch": self.kernel_launch}
 
 
 def default_threshold(max_model_len: int, max_num_partial_prefills: int = 1) -> int:

@@ -11,6 +11,23 @@ GPU_MEMORY_UTILIZATION = 0.9  # share of HBM the engine may take (--gpu-memory-u
 TURN_GAP_CAP_S = 300.0  # a session's tool/think gap before a turn is cut to this (per trajectory)
 SYSTEM_IDLE_CAP_S = 10.0  # the replay skips all-idle time beyond this (--system-idle-gap-cap-seconds)
 
+# How the engine launches a step's kernels: `cuda-graphs` replays one captured graph per step
+# (vLLM's default); `eager` (--enforce-eager) launches every kernel from the host, the host
+# running ahead of the GPU; `eager-blocking` adds CUDA_LAUNCH_BLOCKING=1, so each launch returns
+# only when its kernel has finished and the GPU idles while the host issues the next one.
+KERNEL_LAUNCH_MODES = ("cuda-graphs", "eager", "eager-blocking")
+KERNEL_LAUNCH = "cuda-graphs"
+# Host time to issue one kernel from PyTorch eager code (Python, dispatcher, cudaLaunchKernel):
+# "usually between 5-20 microseconds" (Holistic Trace Analysis, CUDA kernel launch stats,
+# https://github.com/facebookresearch/HolisticTraceAnalysis docs/source/features/
+# cuda_kernel_launch_stats.rst); the range's lower middle is taken, an assumption.
+EAGER_LAUNCH_S = 10e-6
+# What a blocking launch adds: the host waits for the kernel's completion before it returns.
+# NVIDIA's "Getting Started with CUDA Graphs" (developer.nvidia.com/blog/cuda-graphs, V100) times
+# a 2.9 us kernel at 9.6 us per kernel with a stream synchronization after each launch and
+# 3.8 us without, 5.8 us per synchronous round trip; taken to carry to Hopper hosts (assumed).
+SYNC_ROUND_TRIP_S = 5.8e-6
+
 # The planner's built-in scenario (`make run`, `servecast plan` without flags): the vLLM AgentX
 # post's DeepSeek V4 Pro row (1P DEP4 + 1D DEP8 on 12 GB300, P90 interactivity over 50 tok/s),
 # and the API model its cost comparison prices against
