@@ -141,3 +141,7 @@ def test_recipe_knobs_per_concurrency():
     g = _group("dsv4", "mi355x", 8, 8)
     assert _spec_by_concurrency(g, "deepseek-v4-pro", load_hardware("mi355x"))[8] == (
         6, 3.77, "dspark")
+    # Kimi K3 on H200 (kimik3/vllm/h200-fp4/agentx/variants.yaml@bc9ce94e, base of every
+    # override): --enforce-eager and CUDA_LAUNCH_BLOCKING=1; the other groups run CUDA graphs
+    assert _policy(_group("kimik3", "h200", 32, 1), 1).kernel_launch == "eager-blocking"
+    assert _policy(g, 8).kernel_launch == "cuda-graphs"
