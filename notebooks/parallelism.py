@@ -15,6 +15,7 @@ slo_p90_interactivity: float = 50.0  # minimum P90 tokens/s per user
 long_prompt_tokens: int = 32768  # cold prompt for the PCP vs TP prefill comparison
 warm_new_tokens: int = 2048  # new tokens of a warm turn (PP lesson)
 warm_cached_tokens: int = 100_000  # cached prefix of that warm turn
+allow_beyond_window: bool = False  # serve workload requests past the model's context window (stated)
 output_dir: str = "."  # where figures and headline.json go
 
 # %% [markdown]
@@ -118,7 +119,8 @@ best_decode
 
 # %%
 result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
-              slo_p90_interactivity=slo_p90_interactivity, modes=("aggregated",))
+              slo_p90_interactivity=slo_p90_interactivity, modes=("aggregated",),
+              allow_beyond_window=allow_beyond_window)
 families = best_by_family(result.candidates, slo_p90_interactivity)
 print(f"full tier: {result.deployment.label()} at {result.best['tpgs']:,.0f} TPGS, P90 "
       f"{result.best['p90_interactivity_tok_s']:.1f} tok/s")

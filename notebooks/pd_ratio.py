@@ -15,6 +15,7 @@ workload: str = "agentx"  # workload profile name or YAML path
 slo_p90_interactivity: float = 50.0  # minimum P90 tokens/s per user on decode workers
 max_gpus: int = 0  # largest GPU budget on the ratio sweep (0 means 4 x gpus)
 top_plans: int = 8  # plans per phase on the stage-1 chart
+allow_beyond_window: bool = False  # serve workload requests past the model's context window (stated)
 output_dir: str = "."  # where figures and headline.json go
 
 # %% [markdown]
@@ -43,7 +44,8 @@ from model.plan.planner import plan
 
 result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
               slo_p90_interactivity=slo_p90_interactivity, modes=("disaggregated",),
-              prefill_hardware=prefill_hardware or None)
+              prefill_hardware=prefill_hardware or None,
+              allow_beyond_window=allow_beyond_window)
 traffic = result.traffic
 tokens_per_request = traffic.mean_context_tokens + traffic.mean_output_tokens  # TPGS counts cached input
 sat = result.saturation

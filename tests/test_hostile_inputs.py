@@ -79,7 +79,8 @@ CASES += [
     (SERVE + ["--moe-tp", "0"], "--moe-tp"),  # had read as unset
     (SERVE + ["--seed", "-1"], "--seed"),
     (SERVE[:-1] + ["100000"], "allowed: 1..512 (128 per GPU"),  # 4 GPUs
-    (["serve", *NO_NVME, "--workload", "agentx-v1", "--concurrency", "4", "--cache-tiers",
+    (["serve", *NO_NVME, "--workload", "agentx-v1", "--allow-beyond-window", "--concurrency", "4",
+      "--cache-tiers",
       "hbm,host,nvme"], "--cache-tiers: nvme: tpu7x has no local NVMe"),
     (EST + ["--moe-tp", "0"], "--moe-tp"),
     (EST + SPLIT + ["--prefill-workers", "0"], "--prefill-workers"),  # had read as 1
@@ -89,6 +90,13 @@ CASES += [
     (["plan", "--deployment", "1x[tp4]", "--arch", "minimax-m3", "--hardware", "b300",
       "--concurrency", "600"], "allowed: 1..512"),
     (["plan", *NO_NVME, "--gpus", "2", "--cache-tiers", "hbm,host,nvme"], "--cache-tiers: nvme"),
+    # a bad name is named even where the plan could not fit (minimax-m3 on one B300)
+    (EST + ["--kv-dtype", "int3"], "unknown dtype 'int3'"),
+    (EST + ["--arrival", "bogus"], "unknown arrival 'bogus'"),
+    # prefill workers exist only when disaggregated: had been ignored without a word
+    (SERVE + ["--prefill-hardware", "h100"], "--prefill-hardware h100: prefill workers"),
+    (["plan", "--mode", "aggregated", "--prefill-hardware", "h100"],
+     "--prefill-hardware h100: prefill workers"),
     (CACHE + ["--seed", "-1", "--replicas", "2", "--routing", "random"], "--seed"),
     (CACHE + ["--replicas", "1000000"], "allowed: 1..1,024"),  # had run past a minute
     (CACHE + ["--pool-tokens", "-5", "--replicas", "2"], "--pool-tokens"),
@@ -400,8 +408,74 @@ def test_a_load_past_every_step_is_a_stated_unstable_result(tmp_path, capsys):
     huge.write_text(profile.replace("value: 1024", "value: 100000000000"))
     assert "100000000000" in huge.read_text()
     assert main(["serve", "--arch", "llama-3.1-70b", "--hardware", "h200", "--tp", "4",
-                 "--workload", str(huge), "--concurrency", "4", "--json"]) == 0
+                 "--workload", str(huge), "--concurrency", "4", "--allow-beyond-window",
+                 "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stable"] is False
     assert out["reason"].startswith("unstable: the queue solver failed")
     assert out["tpgs"] is None
+
+
+def test_a_workload_past_the_window_is_refused_or_stated(capsys):
+    # qwen3-32b's config.json: max_position_embeddings 40,960; agentx-v1's contexts have a median
+    # of 88K (data/workloads/agentx-v1.yaml, v1.0's stated quantiles), so most requests pass it
+    args = ["serve", "--arch", "qwen3-32b", "--hardware", "h200", "--tp", "4", "--workload",
+            "agentx-v1", "--concurrency", "4", "--json"]
+    line = refusal(args, capsys, "workload agentx-v1: ")
+    assert "exceed qwen3-32b's window of 40,960 tokens" in line
+    assert "--allow-beyond-window" in line
+    assert main(args + ["--allow-beyond-window"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stable"] and any("window of 40,960" in a for a in out["assumptions"])
+
+
+def test_a_saturated_closed_loop_keeps_littles_law(capsys):
+    # MiniMax M3 on 4 B300 at 512 AgentX sessions: the LRU prefix cache thrashes (hit 0.72) and
+    # the prefill queue saturates before the response-time law has a root. The rate stays at the
+    # last served one and the other sessions wait in the queue, so by Little's law the sessions'
+    # cycle N / X is the gap, the TTFT and the decode: N / X - mean TTFT lies between 0 and the
+    # profile's mean think gap (lognormal mu 1.3455, sigma 2.1449: 38.3 s) plus the decode of a
+    # mean output (968.9 tokens, agentx-v1's sample statistics) at the mean TPOT.
+    assert main(SERVE[:-1] + ["512", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stable"] and out["bounded_by"] == "prefill_saturation"
+    cycle_s = out["concurrency"] / out["requests_per_s"]
+    rest_s = cycle_s - out["mean_ttft_s"]
+    assert 0.0 < rest_s < 38.3 + 968.9 * out["mean_tpot_s"]
+
+
+def test_a_token_budget_takes_its_activations_from_the_kv_pool(capsys):
+    # One forward pass of max_num_batched_tokens holds its activations in HBM
+    # (model.perf.memory.activation_bytes); the step model's KV pool loses what a budget adds
+    # past vLLM's default 8,192, and a budget whose activations leave no KV is refused.
+    from model.perf.memory import activation_bytes
+    from model.perf.parallel import ParallelPlan
+    from model.perf.step import build_step_model
+    from model.specs.architecture import load_architecture
+    from model.specs.hardware import load_hardware
+
+    arch, hw, plan = load_architecture("minimax-m3"), load_hardware("b300"), ParallelPlan(tp=4)
+    base = build_step_model(arch, hw, plan)
+    big = build_step_model(arch, hw, plan, max_num_batched_tokens=131_072)
+    lost = base.kv_pool_bytes_per_gpu - big.kv_pool_bytes_per_gpu
+    added = activation_bytes(big.arch, big.plan, 131_072) - activation_bytes(big.arch, big.plan,
+                                                                              8_192)
+    assert added > 1e9 and abs(lost - added) < 1e-6 * added
+    args = SERVE + ["--max-num-batched-tokens", "100000000"]
+    line = refusal(args, capsys, "minimax-m3 weights need")
+    assert "activations of 100,000,000 batched tokens" in line
+
+
+def test_the_realistic_dep8_input_answers(capsys):
+    # DEP8 without a threshold at the AgentX post's 256 sessions had crashed with a singular
+    # matrix; it is a steady state whose percentiles are ordered and whose sessions' cycle
+    # (N / X, Little's law) holds the mean TTFT
+    args = ["serve", "--arch", "deepseek-v4-pro", "--hardware", "b300", "--dp", "8", "--ep", "8",
+            "--workload", "agentx-v1", "--concurrency", "256", "--long-prefill-token-threshold",
+            "0", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stable"] and out["tpgs"] > 0
+    assert 0 < out["interactivity_tok_s"]["p90"] <= out["interactivity_tok_s"]["p50"]
+    assert out["ttft_s"]["p50"] <= out["ttft_s"]["p90"] <= out["ttft_s"]["p99"]
+    assert out["concurrency"] / out["requests_per_s"] > out["mean_ttft_s"]

@@ -12,7 +12,7 @@ from model.specs.prices import api_price
 
 
 def test_plan_notebook_headline_is_the_cli_contract(tmp_path):
-    h = run_notebook("plan", {"arch": "qwen3-32b", "hardware": "h100-sxm", "gpus": 2,
+    h = run_notebook("plan", {"arch": "qwen3-32b", "allow_beyond_window": True, "hardware": "h100-sxm", "gpus": 2,
                               "slo_p90_interactivity": 20.0, "pareto_points": 2}, tmp_path)
     for key in ("tpgs", "p90_interactivity_tok_s", "p90_ttft_s", "deployment", "tco_usd_per_hour",
                 "usd_per_mtok", "api_equivalent_usd_per_hour", "cost_advantage",
@@ -37,7 +37,7 @@ def test_tco_notebook_reproduces_post_advantages(tmp_path):
 
 
 def test_pd_ratio_notebook(tmp_path):
-    h = run_notebook("pd_ratio", {"arch": "qwen3-32b", "hardware": "h100-sxm", "gpus": 3,
+    h = run_notebook("pd_ratio", {"arch": "qwen3-32b", "allow_beyond_window": True, "hardware": "h100-sxm", "gpus": 3,
                                   "slo_p90_interactivity": 20.0}, tmp_path)
     # 3 GPUs of single-GPU-or-larger workers: the joint optimum uses x + y instances within 3.
     assert h["joint_x"] >= 1 and h["joint_y"] >= 1
@@ -80,7 +80,7 @@ def test_pd_ratio_notebook(tmp_path):
 
 
 def test_parallelism_notebook(tmp_path):
-    h = run_notebook("parallelism", {"arch": "qwen3-32b", "hardware": "h100-sxm", "gpus": 4,
+    h = run_notebook("parallelism", {"arch": "qwen3-32b", "allow_beyond_window": True, "hardware": "h100-sxm", "gpus": 4,
                                      "slo_p90_interactivity": 20.0, "long_prompt_tokens": 16384},
                      tmp_path)
     # Dense 32B on 4 H100: PCP splits a cold 16K prompt's FLOPs 4 ways like TP does; they differ

@@ -116,3 +116,38 @@ def test_errors_name_file_and_field(tmp_path):
         load_trace(neg)
     with pytest.raises(SpecError, match="no such trace file"):
         load_trace(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("name, mutate, field", [
+    # an Applied Compute trie line (data/traces/applied_compute_trie_office_work_8k_sample.jsonl)
+    # with a response length that is not a count: had raised a ValueError from int()
+    ("applied_compute_trie_office_work_8k_sample.jsonl",
+     lambda d: d["assistant_response_length"].__setitem__(0, "x"),
+     "line 1.assistant_response_length.0: must be a whole number >= 0"),
+    ("applied_compute_trie_office_work_8k_sample.jsonl",
+     lambda d: d["tool_call_latency"].pop(), "line 1: tool_call_latency has 23 entries"),
+    # a TraceLab round with a timestamp that is not ISO 8601: had raised from fromisoformat
+    ("tracelab_example_sanitized_round_trace.jsonl",
+     lambda d: d["timing_events"][0].__setitem__("timestamp", "yesterday"),
+     "line 1.timing_events: a timestamp is not ISO 8601"),
+    ("tracelab_example_sanitized_round_trace.jsonl",
+     lambda d: d.__setitem__("output_tokens", -3), "line 1.output_tokens: must be >= 0"),
+])
+def test_a_bad_record_names_its_field(tmp_path, name, mutate, field):
+    first, *rest = (ROOT / "data" / "traces" / name).read_text().splitlines()
+    doc = json.loads(first)
+    mutate(doc)
+    path = tmp_path / name
+    path.write_text("\n".join([json.dumps(doc), *rest]) + "\n")
+    with pytest.raises(SpecError, match=f"{name}: {field}".replace(".", r"\.")):
+        load_trace(path)
+
+
+def test_an_azure_row_with_negative_tokens_is_refused(tmp_path):
+    # Azure LLM inference CSV (Splitwise 2023): token counts are whole numbers >= 0
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:17:03.9799600,4808,10\n"
+                    "2023-11-16 18:17:04.0319600,-5,8\n")
+    with pytest.raises(SpecError, match=r"azure\.csv: row 3\.ContextTokens: must be >= 0"):
+        load_trace(path)

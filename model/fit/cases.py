@@ -5,7 +5,9 @@ engine fit evaluates and `model.validate.check` scores).
 Two formats:
 - the calibration CSV (`data/calibration/e2e_measured.csv` columns: model_path, system, backend,
   precision, mode, isl, osl, batch_size, tp/pp/attention_dp/moe_tp/moe_ep sizes, prefill_* and
-  decode_* for disaggregated runs, silicon_ttft_ms, silicon_tpot_ms);
+  decode_* for disaggregated runs, silicon_ttft_ms, silicon_tpot_ms); a row's cells are read
+  through the pydantic models `PlanCells` and `MeasuredCells`, and a row with a bad cell is
+  scored as skipped with the column and what it allows;
 - the JSON `vllm bench serve --save-result` writes (mean_ttft_ms, mean_tpot_ms, completed,
   total_input_tokens, total_output_tokens, max_concurrency, model_id), with the deployment given
   by `--metadata` keys saved into the file (hardware, tp, pp, dp, ep, ...) or by CLI options.
@@ -40,8 +42,10 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
 import pandas as pd
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
 
 from model.perf.engine_factors import BACKENDS
 from model.perf.parallel import ParallelPlan, is_moe
@@ -169,38 +173,75 @@ class BadCell(ValueError):
     """A CSV cell the row cannot be scored with: its column and what it allows."""
 
 
-def _count(row, key: str, blank: int | None = None) -> int:
-    """A positive whole number from a CSV cell; a blank cell is `blank` (None: not allowed)."""
-    v = row.get(key)
+def _whole_number(v: Any, info: ValidationInfo) -> int:
+    """A positive whole number; a blank cell is the field's default where it has one (a plan
+    degree not used: 1), else refused."""
     try:
         f = float(v)
     except (TypeError, ValueError):
-        raise BadCell(f"{key}: must be a whole number >= 1, got {v!r}") from None
-    if math.isnan(f) and blank is not None:
-        return blank
+        raise ValueError(f"must be a whole number >= 1, got {v!r}") from None
+    if math.isnan(f) and info.field_name in _BLANK_IS_ONE:
+        return 1
     if math.isnan(f) or f < 1 or f != round(f):
-        raise BadCell(f"{key}: must be a whole number >= 1, got {v!r}")
+        raise ValueError(f"must be a whole number >= 1, got {v!r}")
     return int(f)
 
 
-def _time_ms(row, key: str) -> float:
-    v = row.get(key)
+def _time(v: Any) -> float:
     try:
         f = float(v)
     except (TypeError, ValueError):
         f = float("nan")
     if not f > 0 or math.isinf(f):
-        raise BadCell(f"{key}: must be a time in ms > 0, got {v!r}")
+        raise ValueError(f"must be a time in ms > 0, got {v!r}")
     return f
 
 
+_BLANK_IS_ONE = ("tp_size", "pp_size", "attention_dp_size")
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+TimeMs = Annotated[float, BeforeValidator(_time)]
+LenientDegree = Annotated[int, BeforeValidator(lambda v: _int(v))]  # MoE degrees: blank/0 are 1
+
+
+class PlanCells(BaseModel):
+    """A row's parallel plan: attention degrees blank where not used (1), never 0; the MoE
+    degrees 0 or blank on dense models (1)."""
+
+    model_config = ConfigDict(frozen=True)
+    tp_size: WholeNumber
+    pp_size: WholeNumber
+    attention_dp_size: WholeNumber
+    moe_tp_size: LenientDegree
+    moe_ep_size: LenientDegree
+
+    def plan(self) -> ParallelPlan:
+        return ParallelPlan(tp=self.tp_size, pp=self.pp_size, dp=self.attention_dp_size,
+                            moe_tp=self.moe_tp_size, ep=self.moe_ep_size)
+
+
+class MeasuredCells(BaseModel):
+    """The lengths and the measured times of a calibration-CSV row."""
+
+    model_config = ConfigDict(frozen=True)
+    isl: WholeNumber
+    osl: WholeNumber
+    silicon_ttft_ms: TimeMs
+    silicon_tpot_ms: TimeMs
+
+
+def _cells(model: type[BaseModel], row: dict, prefix: str = ""):
+    """`model` read from the row's cells (column = prefix + field); a bad cell is one BadCell
+    naming its column and what it allows."""
+    try:
+        return model.model_validate({k: row.get(f"{prefix}{k}") for k in model.model_fields})
+    except ValidationError as err:
+        first = err.errors()[0]
+        why = str(first["msg"]).removeprefix("Value error, ")
+        raise BadCell(f"{prefix}{first['loc'][0]}: {why}") from None
+
+
 def _plan(row, prefix: str = "") -> ParallelPlan:
-    """The row's plan: attention degrees blank where not used (1), never 0; the MoE degrees 0
-    or blank on dense models (1)."""
-    g = lambda k: _count(row, f"{prefix}{k}", blank=1)  # noqa: E731
-    m = lambda k: _int(row.get(f"{prefix}{k}"))  # noqa: E731
-    return ParallelPlan(tp=g("tp_size"), pp=g("pp_size"), dp=g("attention_dp_size"),
-                        moe_tp=m("moe_tp_size"), ep=m("moe_ep_size"))
+    return _cells(PlanCells, row, prefix).plan()
 
 
 def _concurrency(row) -> int:
@@ -250,11 +291,12 @@ def _case_from_row(i: int, row: dict) -> Case:
     else:
         plan = _plan(row)
     protocol = protocol_for_source(row.get("silicon_data_source"))
+    cells = _cells(MeasuredCells, row)
     return Case(str(row.get("id", i)), str(row["model_path"]), str(row["system"]),
-                str(row["backend"]), str(row["mode"]), _count(row, "isl"), _count(row, "osl"),
+                str(row["backend"]), str(row["mode"]), cells.isl, cells.osl,
                 _concurrency(row), QUANT.get(str(row.get("gemm_quant_mode"))),
                 QUANT.get(str(row.get("moe_quant_mode"))), plan, disagg,
-                _time_ms(row, "silicon_ttft_ms"), _time_ms(row, "silicon_tpot_ms"),
+                cells.silicon_ttft_ms, cells.silicon_tpot_ms,
                 protocol, engine_for_row(row, protocol, plan))
 
 

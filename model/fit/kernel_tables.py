@@ -116,11 +116,29 @@ MOE_KEYS = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "m
 # defines the format.
 NATIVE_MOE = {"mxfp4": "w4a8_mxfp4_mxfp8"}
 # A weight-only MXFP4 checkpoint (Kimi K3) runs the w4a16 kernels on every chip: its own curve,
-# from the kernel vLLM picks first where it was measured (select_mxfp4_moe_backend: FlashInfer
-# TRT-LLM mxfp4 x bf16 on Blackwell; b200_sxm times it on gpt-oss shapes, 1.7-2.2x faster than
-# the Marlin rows of Kimi-like shapes, so one curve over both misses both), else every w4a16
-# row (Hopper: Marlin, Triton).
-WEIGHT_ONLY_MOE = {"mxfp4_w4a16": ("w4a16_mxfp4", "flashinfer_trtllm_mxfp4_bf16")}
+# from the first kernel of this list measured on the chip, the one vLLM serves it with. On
+# Blackwell FlashInfer TRT-LLM mxfp4 x bf16 (select_mxfp4_moe_backend's first choice; b200_sxm
+# times it on gpt-oss shapes, 1.7-2.2x faster than the Marlin rows of Kimi-like shapes, so one
+# curve over both misses both). On Hopper Marlin: 4-bit weights dequantized to BF16 in the
+# kernel, BF16 tensor-core math (the InferenceX Kimi K3 H200 recipes run `--moe-backend marlin`,
+# data/benchmarks/inferencex_agentx_deployments.yaml); h100_sxm / h200_sxm time it at Kimi K3's
+# own expert shape (hidden 3584, inter 3072, 896 experts, top 16, EP 1-128), while the OAI
+# Triton rows there are gpt-oss's path (quant method mxfp4), on other shapes.
+WEIGHT_ONLY_MOE = {"mxfp4_w4a16": ("w4a16_mxfp4", ("flashinfer_trtllm_mxfp4_bf16", "marlin"))}
+# Per-tensor fp8 experts run on every fp8 MoE kernel vLLM has: TritonExperts, AiterExperts and
+# the FlashInfer CUTLASS / TRT-LLM experts each list both (kFp8StaticTensorSym,
+# kFp8StaticTensorSym) and (kFp8Static128BlockSym, kFp8Dynamic128Sym) in their
+# _supports_quant_scheme (vllm/model_executor/layers/fused_moe/), and one scale per tensor is
+# less work than one per 128x128 block. So the fastest measured fp8 kernel of either scale layout
+# defines the per-tensor curve. On Hopper the tables time per-tensor fp8 only through FlashInfer's
+# CUTLASS MoE (ModelOpt checkpoints): 7-16% of HBM bandwidth at decode sizes, 3-6x slower than the
+# Triton fp8 kernel at the same shapes and slower than the BF16 kernel that reads twice the bytes
+# (h100_sxm / h200_sxm moe.parquet, Mixtral-8x7B experts at 8-256 tokens: 2.4-2.7 ms fp8, 0.38-0.57
+# ms fp8_block, 0.66-0.95 ms bf16 on H200), and 2.5-4.5x slower than the same CUTLASS MoE with
+# block scales. Served, the CUTLASS and Triton fp8 MoE are within 15% of each other (sglang PR
+# 21872: H100, Qwen3 MoE FP8, CUDA graphs): the per-tensor rows time a kernel configuration an
+# engine does not serve with.
+SCALE_LAYOUTS_MOE = {"fp8": ("fp8_block",)}
 
 # Routing distribution the MoE curves are fitted on. The tables time every shape under three
 # token-to-expert distributions: balanced, power_law_1.01 and power_law_1.2. Served traffic is
@@ -140,20 +158,29 @@ def moe_rows(chip: str, dtype_name: str) -> pd.DataFrame:
     """The chip's MoE table rows that define `dtype_name`'s curve (all routing distributions)."""
     df = table(chip, "moe")
     if dtype_name in WEIGHT_ONLY_MOE:
-        src, first = WEIGHT_ONLY_MOE[dtype_name]
+        src, kernels_in_order = WEIGHT_ONLY_MOE[dtype_name]
         df = df[df.moe_dtype == src]
-        preferred = df.kernel_source.str.contains(first)
-        return df[preferred] if preferred.any() else df
-    return df[df.moe_dtype.isin(moe_sources(chip, dtype_name))]
+        for kernel in kernels_in_order:
+            served = df.kernel_source.str.contains(kernel)
+            if served.any():
+                return df[served]
+        return df
+    df = df[df.moe_dtype.isin(moe_sources(chip, dtype_name))]
+    if dtype_name in SCALE_LAYOUTS_MOE:  # only layer shapes timed in every layout: a shape timed
+        # in one gives no bound from the others
+        layouts = df.groupby(MOE_KEYS[1:]).moe_dtype.transform("nunique")
+        df = df[layouts == df.moe_dtype.nunique()]
+    return df
 
 
 def moe_sources(chip: str, dtype_name: str) -> list[str]:
-    """Table dtypes that define `dtype_name`'s MoE curve on `chip` (native kernel if measured)."""
+    """Table dtypes that define `dtype_name`'s MoE curve on `chip` (native kernel if measured;
+    the other scale layouts a per-tensor format's kernels also run)."""
     src = [k for k, v in DTYPE.items() if v == dtype_name]
     native = NATIVE_MOE.get(dtype_name)
     if native and native in set(table(chip, "moe").moe_dtype.unique()):
         return [native]
-    return src
+    return src + list(SCALE_LAYOUTS_MOE.get(dtype_name, ()))
 
 
 def moe_dtypes(chip: str) -> list[str]:

@@ -25,6 +25,7 @@ from model.perf import roofline
 from model.perf.comm import collective_time_s
 from model.perf.engine_factors import EngineFactors, engine_factors
 from model.perf.expert_balance import hot_rank_load_factor
+from model.perf.memory import activation_bytes
 from model.perf.ops import (
     Step,
     attended_entries,
@@ -45,7 +46,7 @@ from model.perf.parallel import (
     validate_plan,
     weight_bytes_per_gpu,
 )
-from model.specs.defaults import GPU_MEMORY_UTILIZATION
+from model.specs.defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS
 from model.specs.dtypes import dtype as lookup_dtype
 from model.specs.errors import Infeasible, ServecastError
 from model.specs.layers import Architecture, Layer
@@ -70,6 +71,16 @@ class StepModel:
     spec_acceptance: float = 0.0  # per-position acceptance rate (when no acceptance length)
     acceptance_length: float = 0.0  # measured mean tokens per verification step (1 + accepted)
     spec_method: str = "mtp"  # mtp (checkpoint's MTP layer) | eagle3 | dspark (external draft)
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS  # per step and DP rank
+
+    @cached_property
+    def activation_reserve_bytes(self) -> float:
+        """HBM held outside weights and KV: the reserve measured at vLLM's default budget, plus
+        the activations a larger token budget adds to one forward pass
+        (model.perf.memory.activation_bytes)."""
+        extra = (activation_bytes(self.arch, self.plan, self.max_num_batched_tokens)
+                 - activation_bytes(self.arch, self.plan, MAX_NUM_BATCHED_TOKENS))
+        return ACTIVATION_RESERVE_BYTES + max(extra, 0.0)
 
     @cached_property
     def _groups(self) -> list:
@@ -426,7 +437,7 @@ class StepModel:
     def kv_pool_bytes_per_gpu(self) -> float:
         """vLLM caps all memory at 90% of HBM; TensorRT-LLM and SGLang give 90% of what is left
         after weights and activations to the KV cache (their default fractions)."""
-        free = self.hw.hbm_bytes - self.weight_bytes_per_gpu - ACTIVATION_RESERVE_BYTES
+        free = self.hw.hbm_bytes - self.weight_bytes_per_gpu - self.activation_reserve_bytes
         if self.backend == "vllm":
             return free - (1 - GPU_MEMORY_UTILIZATION) * self.hw.hbm_bytes
         return GPU_MEMORY_UTILIZATION * free
@@ -441,7 +452,7 @@ class StepModel:
     def memory_bytes_per_gpu(self, seqs, context) -> np.ndarray:
         """Weights + activation reserve + KV of `seqs` sequences (replica total) at `context`."""
         per_rank = np.asarray(seqs, float) / self.plan.dp
-        return (self.weight_bytes_per_gpu + ACTIVATION_RESERVE_BYTES
+        return (self.weight_bytes_per_gpu + self.activation_reserve_bytes
                 + per_rank * self.kv_bytes_per_seq_per_gpu(context))
 
 
@@ -450,14 +461,15 @@ def build_step_model(arch: Architecture, hw, plan: ParallelPlan, precision: str 
                      spec_acceptance: float = 0.0, factors: EngineFactors | None = None,
                      check_fit: bool = True, moe_precision: str | None = None,
                      cross_domain_tp: bool = False, acceptance_length: float = 0.0,
-                     spec_method: str = "mtp") -> StepModel:
+                     spec_method: str = "mtp",
+                     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> StepModel:
     """Validate the plan and build the step model; raises Infeasible if the plan breaks a rule
     or the weights leave no KV cache. `factors`: the engine factors (default: the backend's
     stored ones, `model.perf.engine_factors`). Memoized: the same inputs give the same object."""
     _check_speculation(spec_tokens, spec_acceptance, acceptance_length)
     return _build(arch, hw, plan, precision, kv_dtype, backend, spec_tokens, spec_acceptance,
                   factors or engine_factors(backend), check_fit, moe_precision, cross_domain_tp,
-                  acceptance_length, spec_method)
+                  acceptance_length, spec_method, int(max_num_batched_tokens))
 
 
 def _check_speculation(spec_tokens: int, spec_acceptance: float, acceptance_length: float
@@ -479,14 +491,19 @@ def _check_speculation(spec_tokens: int, spec_acceptance: float, acceptance_leng
 def _build(arch: Architecture, hw, plan: ParallelPlan, precision: str | None,
            kv_dtype: str | None, backend: str, spec_tokens: int, spec_acceptance: float,
            factors: EngineFactors, check_fit: bool, moe_precision: str | None,
-           cross_domain_tp: bool, acceptance_length: float, spec_method: str) -> StepModel:
+           cross_domain_tp: bool, acceptance_length: float, spec_method: str,
+           max_num_batched_tokens: int) -> StepModel:
     arch = with_precision(arch, precision, moe_precision)
     plan = normalize_plan(arch, plan)
     validate_plan(arch, hw, plan, cross_domain_tp)
     model = StepModel(arch, hw, plan, kv_dtype or arch.default_kv_dtype, backend, factors,
-                      spec_tokens, spec_acceptance, acceptance_length, spec_method)
+                      spec_tokens, spec_acceptance, acceptance_length, spec_method,
+                      max_num_batched_tokens)
     if check_fit and model.kv_pool_bytes_per_gpu <= 0:
         raise Infeasible(f"{arch.name} weights need {model.weight_bytes_per_gpu / 1e9:.1f} GB per "
-                         f"GPU under {plan.label()}: with activations that leaves no KV cache in "
-                         f"{hw.hbm_bytes / 1e9:.0f} GB HBM on {getattr(hw, 'name', 'the chip')}")
+                         f"GPU under {plan.label()}: with the activations of "
+                         f"{max_num_batched_tokens:,} batched tokens "
+                         f"({model.activation_reserve_bytes / 1e9:.1f} GB with the runtime "
+                         f"reserve) that leaves no KV cache in {hw.hbm_bytes / 1e9:.0f} GB HBM "
+                         f"on {getattr(hw, 'name', 'the chip')}")
     return model

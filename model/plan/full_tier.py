@@ -31,6 +31,7 @@ from model.plan.traffic import Keyed
 from model.serve.deployment import CacheChoice, DeploymentServing, serve_deployment
 from model.serve.policy import EnginePolicy
 from model.serve.pools import Workers
+from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.precision import with_precision
 from model.specs.recipes import SPEC_OFF
 from model.specs.workload import ClosedLoop, Load
@@ -89,13 +90,16 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
                           deployment.long_prefill_token_threshold,
                           deployment.prefill_schedule_interval)
     if deployment.mode == "aggregated":
-        replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True),
+        replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True,
+                                            policy.max_num_batched_tokens),
                           deployment.replica.instances)
         return serve_deployment(setup.workload, policy, load, replicas=replica,
                                 cache=setup.cache, seed=setup.seed)
-    prefill = Workers(worker_step_model(setup, setup.prefill_hardware, deployment.prefill, False),
+    prefill = Workers(worker_step_model(setup, setup.prefill_hardware, deployment.prefill, False,
+                                        policy.max_num_batched_tokens),
                       deployment.prefill.instances)
-    decode = Workers(worker_step_model(setup, setup.hardware, deployment.decode, True),
+    decode = Workers(worker_step_model(setup, setup.hardware, deployment.decode, True,
+                                       policy.max_num_batched_tokens),
                      deployment.decode.instances)
     link = min(float(setup.prefill_hardware.scale_out_bandwidth_bytes_per_s),
                float(setup.hardware.scale_out_bandwidth_bytes_per_s))
@@ -103,12 +107,15 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
                             link_bytes_per_s=link, cache=setup.cache, seed=setup.seed)
 
 
-def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool):
-    """The worker's step model as the screening built it (prefill-only workers draft nothing)."""
+def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool,
+                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS):
+    """The worker's step model as the screening built it (prefill-only workers draft nothing),
+    its KV pool net of the activations of `max_num_batched_tokens` per step."""
     spec = setup.spec if decodes else SPEC_OFF
     return build_step_model(setup.arch, hw, phase.plan, precision=setup.precision,
                             kv_dtype=setup.kv_dtype, spec_tokens=spec[0],
-                            acceptance_length=spec[1], spec_method=spec[2])
+                            acceptance_length=spec[1], spec_method=spec[2],
+                            max_num_batched_tokens=max_num_batched_tokens)
 
 
 # ---------------------------------------------------------------- evaluated points

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from model.plan.full_tier import ServingSetup, serving_setup
 from model.plan.plan_models import load_specs, served_kv_bytes_per_token
 from model.plan.search_cache import CacheSetup
 from model.plan.traffic import Traffic, traffic_for
 from model.serve.cache_replay import check_policy
 from model.serve.deployment import CacheChoice
+from model.serve.request_mix import request_mix_for
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
 from model.specs.precision import with_precision
@@ -39,6 +42,7 @@ class PlanInputs:
     kv_bytes_per_token: float  # of the architecture as served
     max_num_batched_tokens: int
     setup: ServingSetup  # the full tier's
+    beyond_window: str | None = None  # the assumption to report when requests pass the window
 
     @property
     def cache_inputs(self):
@@ -65,6 +69,7 @@ class ServingChoices:
     finite_cache: bool = True
     hit_rate: float | None = None
     prefetch_reload: bool = False
+    allow_beyond_window: bool = False  # serve requests past the model's window, and say so
 
     def resolve(self, arch, hw) -> tuple[str | None, str | None, tuple]:
         """(precision, KV dtype, speculative setting), the recipe's where unset."""
@@ -91,6 +96,7 @@ def setup_for(arch, hardware, workload, choices: ServingChoices, prefill_hardwar
               seed: int = 0) -> ServingSetup:
     """The full tier's serving setup (what `servecast serve --deployment` serves with)."""
     a, hw, w = load_specs(arch, hardware, workload)
+    workload_within_window(a, w, choices.allow_beyond_window)
     phw = hw if prefill_hardware is None else load_specs(a, prefill_hardware)[1]
     precision, kv_dtype, spec = choices.resolve(a, hw)
     return serving_setup(a, hw, phw, w, precision, kv_dtype, spec, choices.cache_choice(), seed)
@@ -111,7 +117,29 @@ def resolve_inputs(arch, hardware, workload, choices: ServingChoices = ServingCh
                       choices.finite_cache, choices.hit_rate,
                       traffic or traffic_for(w, choices.hit_rate),
                       served_kv_bytes_per_token(a, setup.precision, setup.kv_dtype),
-                      int(max_num_batched_tokens), setup)
+                      int(max_num_batched_tokens), setup,
+                      workload_within_window(a, w, choices.allow_beyond_window))
+
+
+def workload_within_window(arch, workload, allow_beyond: bool = False) -> str | None:
+    """Refuse a workload whose requests (context plus output, in the sample the serving model
+    integrates over) reach past the model's window, since an engine rejects them; with
+    `allow_beyond` return the assumption to report (None when every request fits)."""
+    window = arch.max_context
+    if not window:
+        return None
+    mix = request_mix_for(workload)
+    tokens = np.asarray(mix.context_tokens) + np.asarray(mix.output_tokens)
+    beyond = float(np.mean(tokens > window))
+    if beyond == 0.0:
+        return None
+    what = (f"workload {workload.name}: {beyond:.1%} of its requests (context + output, up to "
+            f"{tokens.max():,.0f} tokens) exceed {arch.name}'s window of {window:,} tokens "
+            f"(max_position_embeddings)")
+    if not allow_beyond:
+        raise ServecastError(f"{what}; allowed: a workload within the window, or "
+                             f"--allow-beyond-window to extrapolate")
+    return f"{what}: extrapolated past what the model was built for"
 
 
 def spec_setting(tokens: int | None, acceptance_length: float | None,

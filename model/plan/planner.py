@@ -160,7 +160,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
          spec_method: str | None = None, cache_policy: str = "lru",
          cache_tiers=DEFAULT_TIERS, finite_cache: bool = True, recipe: bool = True,
          slo_p90_ttft_s: float | None = None, deployment: str | None = None,
-         prefill_schedule_interval: int | None = None, pareto_points: int = 0) -> PlanResult:
+         prefill_schedule_interval: int | None = None, pareto_points: int = 0,
+         allow_beyond_window: bool = False) -> PlanResult:
     """Search deployments of `arch` on `gpus` x `hardware` for `workload`; the best under the SLO.
 
     `slo_p90_ttft_s`: also require P90 TTFT at most this;
@@ -181,12 +182,15 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
     `recipe`: take precision, KV dtype and speculative decoding left unset from the model
     family's deployment recipe (data/deployments/, model.specs.recipes);
     `pareto_points`: evaluate this many more points along the screening's Pareto front with
-    the full tier (the reported front is always the full tier's evaluated points)."""
+    the full tier (the reported front is always the full tier's evaluated points);
+    `allow_beyond_window`: serve a workload whose requests pass the model's context window
+    (else refused), and state it among the assumptions."""
     started = time.perf_counter()
     shape, gpus = _shape(deployment, gpus, modes)
     slo = _slo(slo_p90_interactivity, slo_p90_ttft_s, modes)
     choices = ServingChoices(precision, kv_dtype, spec_tokens, acceptance_length, spec_method,
-                             recipe, cache_policy, tuple(cache_tiers), finite_cache, hit_rate)
+                             recipe, cache_policy, tuple(cache_tiers), finite_cache, hit_rate,
+                             allow_beyond_window=allow_beyond_window)
     inputs = resolve_inputs(arch, hardware, workload, choices, prefill_hardware,
                             max_num_batched_tokens, traffic)
     modes = (shape.mode,) if shape is not None else tuple(modes)

@@ -13,6 +13,7 @@ from model.plan.full_tier import FullTierPoint, Slo
 from model.plan.inputs import PlanInputs
 from model.plan.traffic import Traffic
 from model.specs.architecture import load_architecture
+from model.specs.defaults import SYSTEM_IDLE_CAP_S, TURN_GAP_CAP_S
 from model.specs.errors import ServecastError
 from model.specs.precision import parse_precision
 from model.specs.prices import api_price
@@ -144,8 +145,8 @@ def assumptions(inputs: PlanInputs, cost: CostSummary, row: pd.Series,
         f"traffic {traffic.name}: mean input {traffic.mean_context_tokens:,.0f} tok, uncached "
         f"{traffic.mean_uncached_tokens:,.0f} (p90 {traffic.p90_uncached_tokens:,.0f}), output "
         f"{traffic.mean_output_tokens:,.0f}, think gap {traffic.mean_gap_s:.1f} s (capped "
-        f"300 s; while no request is in flight the replay skips idle time past 10 s, AgentX's "
-        f"system idle cap), hit {traffic.hit_rate:.3f}",
+        f"{TURN_GAP_CAP_S:.0f} s; while no request is in flight the replay skips idle time past "
+        f"{SYSTEM_IDLE_CAP_S:.0f} s, AgentX's system idle cap), hit {traffic.hit_rate:.3f}",
         f"every number is the full tier's (model.serve.deployment; {evaluations} evaluations); "
         "the screening tier shortlisted and ranked the candidates (its numbers for the chosen "
         "deployment: `screening`)",
@@ -156,6 +157,8 @@ def assumptions(inputs: PlanInputs, cost: CostSummary, row: pd.Series,
         + (f" ({r.assumptions(inputs.hardware)})" if r else " (no deployment recipe)"),
         "speculative decoding " + (f"{spec[2]} {spec[0]} tokens, acceptance length "
                                    f"{spec[1]:g} tokens per step" if spec[0] else "off")]
+    if inputs.beyond_window:
+        out.append(inputs.beyond_window)
     if inputs.cache_inputs is not None:
         out.append(f"prefix cache: {cache.policy} over {'+'.join(cache.tiers)} per replica "
                    f"(model.serve.cache_model closed form), hit {float(row['hit_rate']):.3f} "

@@ -35,7 +35,12 @@ import pandas as pd
 
 from model.serve.cache_effect import CacheEffect, deployment_cache
 from model.serve.e2e_law import e2e_interactivity
-from model.serve.load_rate import admission_cap, closed_loop_state, open_loop_state
+from model.serve.load_rate import (
+    admission_cap,
+    closed_loop_state,
+    open_loop_state,
+    saturation_backlog_s,
+)
 from model.serve.policy import EnginePolicy
 from model.serve.rank_engine import RankEngine, rank_engine
 from model.serve.rate_solver import SolvedRate
@@ -57,6 +62,10 @@ from model.serve.tpot_law import (
 from model.serve.ttft_law import QUANTILES, ttft_law, ttft_quantiles
 from model.specs.errors import ServecastError
 from model.specs.workload import ClosedLoop, Load, TraceArrivals, Workload
+
+# a closed loop's queue backlog below this share of its sessions' cycle (N / X) is the rate
+# solver's tolerance (it stops within 2e-4 of the root), not sessions waiting at saturation
+SATURATION_TOLERANCE = 0.01
 
 __all__ = ["AffineStepModel", "MIX_SIZE", "ServingResult", "best_at_slo",
            "default_concurrencies", "request_mix_for", "serve", "sweep", "threshold_effect"]
@@ -180,6 +189,10 @@ def _solved(eng: RankEngine, load: Load, dp: int, policy: EnginePolicy, cache,
     x, st, admit_wait, bounded, reason = admission_cap(eng, load, x, st, n_rank)
     if reason:
         return _unstable(reason, hit, policy)
+    if n_rank is not None and not bounded:
+        backlog_s = saturation_backlog_s(eng, st, x, n_rank)
+        if backlog_s > SATURATION_TOLERANCE * n_rank / x:
+            admit_wait, bounded = backlog_s, "prefill_saturation"
     result = _laws(eng, st, x, n_rank, admit_wait, load, slo_p90_interactivity, slo_ttft_s)
     if np.isnan([result["tpgs"], *result["ttft_s"].values(), *result["tpot_s"].values()]).any():
         return _unstable("unstable: the closed form gave NaN for TPGS or a percentile", hit,

@@ -35,6 +35,7 @@ from model.perf.parallel import ParallelPlan
 from model.perf.step import StepModel, build_step_model
 from model.serve.closed_loop import SCHEDULER, EngineConfig, Protocol, closed_loop
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
+from model.specs.dtypes import dtype
 from model.specs.errors import Infeasible, ServecastError
 
 __all__ = ["Disagg", "EngineConfig", "Protocol", "closed_loop", "estimate", "aggregated",
@@ -75,7 +76,16 @@ def infer_prefill_workers(d: Disagg, rate_rps: float, prefill_s: float,
     return max(1, int(np.ceil(rate_rps * prefill_s / max(ranks, 1))))
 
 
-def _check_inputs(isl, osl, concurrency, prefix_tokens):
+ARRIVALS = ("benchmark", "synchronized", "staggered")
+
+
+def _check_inputs(isl, osl, concurrency, prefix_tokens, arrival: str, kv_dtype: str | None):
+    """Bad names and lengths are one error line before any plan is sized, so an infeasible
+    plan never hides them."""
+    if arrival not in ARRIVALS:
+        raise ServecastError(f"unknown arrival {arrival!r}; allowed: {', '.join(ARRIVALS)}")
+    if kv_dtype is not None:
+        dtype(kv_dtype)  # one line naming the allowed dtypes
     if isl < 1 or osl < 1:
         raise ServecastError(f"--isl and --osl must be >= 1 (got {isl}, {osl})")
     if concurrency < 1:
@@ -254,9 +264,8 @@ def loop_factors(sm: StepModel):
 
 
 def _run(comp: dict, sm: StepModel, arrival: str):
-    if arrival not in ("benchmark", "synchronized", "staggered"):
-        raise ServecastError(f"unknown arrival {arrival!r}; allowed: benchmark, synchronized, "
-                             f"staggered")
+    if arrival not in ARRIVALS:
+        raise ServecastError(f"unknown arrival {arrival!r}; allowed: {', '.join(ARRIVALS)}")
     sync = {"synchronized": 1.0, "staggered": 0.0}.get(arrival)
     ttft, tpot, x = closed_loop(comp, loop_factors(sm), sync)
     return float(ttft), float(tpot), float(x)
@@ -316,14 +325,15 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
     `protocol`: the benchmark's rounds and length distribution (default: fixed lengths, the
     fitted number of rounds); `engine`: admission settings (`EngineConfig`; its
     max_num_batched_tokens, when set, replaces the argument)."""
-    _check_inputs(isl, osl, concurrency, prefix_tokens)
+    _check_inputs(isl, osl, concurrency, prefix_tokens, arrival, kv_dtype)
     if engine is not None and engine.max_num_batched_tokens:
         max_num_batched_tokens = int(engine.max_num_batched_tokens)
     if spec_tokens < 0 or not 0.0 <= spec_acceptance <= 1.0:
         raise ServecastError(f"--spec-tokens must be >= 0 and --spec-acceptance in [0, 1] "
                              f"(got {spec_tokens}, {spec_acceptance})")
     kw = dict(moe_precision=moe_precision, cross_domain_tp=cross_domain_tp,
-              spec_tokens=spec_tokens, spec_acceptance=spec_acceptance)
+              spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
+              max_num_batched_tokens=max_num_batched_tokens)
     try:
         if disagg is None:
             sm = build_step_model(arch, hw, plan, precision, kv_dtype, backend, **kw)

@@ -88,17 +88,31 @@ def _response_s(eng: RankEngine, st: SolvedRate) -> float:
     return run_time_s(eng, st, st.prefill.mean_wait_s * st.prefill.wait_scale)
 
 
+def saturation_backlog_s(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
+                         sessions_per_rank: float) -> float:
+    """The wait a closed loop's sessions spend queued beyond what the solved state explains,
+    by Little's law: N / X - Z - R(X). Zero where the response-time law has its root; positive
+    where the prefill queue saturates before the root (the law jumps from a finite response to
+    no steady state), so the rate stays at the last served one and the rest of the sessions
+    wait in the queue."""
+    cycle_s = sessions_per_rank / rate_per_rank_rps
+    return max(cycle_s - float(eng.sample.gap_s.mean()) - _response_s(eng, st), 0.0)
+
+
 def closed_loop_rate(eng: RankEngine, sessions_per_rank: float, ca2: float, warm: WarmStart,
                      near_rps: float | None = None) -> tuple[float, SolvedRate]:
     """(rate, state) of the response-time law X = N / (Z + R(X)) by regula falsi (R grows with
     X); `near_rps`, a rate close to the answer, brackets it from there."""
     n, near = sessions_per_rank, near_rps
     z = float(eng.sample.gap_s.mean())
+    feasible_from: dict[float, WarmStart] = {}  # each served rate's start
 
     def excess(x: float, warm: WarmStart) -> tuple[float, WarmStart]:
         """> 0 when x is too high (more requests than sessions allow); and the landing."""
         st = solve_rate(eng, x, ca2, n, warm)
         r = _response_s(eng, st)
+        if np.isfinite(r):
+            feasible_from[x] = warm
         return (1.0 if not np.isfinite(r) else x * (z + r) / n - 1.0), st.warm_start
 
     if near is None:
@@ -111,7 +125,12 @@ def closed_loop_rate(eng: RankEngine, sessions_per_rank: float, ca2: float, warm
     else:
         lo, f_lo, hi, f_hi, warm = _bracket(excess, near, warm)
     lo, warm = _regula_falsi(excess, lo, f_lo, hi, f_hi, warm)
-    return lo, solve_rate(eng, lo, ca2, n, warm)
+    st = solve_rate(eng, lo, ca2, n, warm)
+    if st.reason and lo in feasible_from:
+        # near saturation the merged prefill queue has two fixed points, and the last landing
+        # (an infeasible rate's) can pick the stalled one: lo was served from its own start
+        st = solve_rate(eng, lo, ca2, n, feasible_from[lo])
+    return lo, st
 
 
 def _regula_falsi(excess, lo: float, f_lo: float, hi: float, f_hi: float, warm: WarmStart

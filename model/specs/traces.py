@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from model.specs.errors import SpecError
 
@@ -70,20 +71,90 @@ class Session:
 # --------------------------------------------------------------------------------------- helpers
 
 
-def _need(obj: dict, key: str, path: Path, where: str, kind: type | tuple = (int, float)) -> Any:
-    if key not in obj:
-        raise SpecError(path, f"{where}.{key}", "missing")
-    value = obj[key]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise SpecError(path, f"{where}.{key}", f"expected {_kind_name(kind)}, got {value!r:.40}")
-    if isinstance(value, (int, float)) and value < 0:
-        raise SpecError(path, f"{where}.{key}", f"must be >= 0, got {value}")
-    return value
+Amount = Annotated[float, Field(ge=0, strict=True)]  # a JSON number >= 0: tokens or seconds
+Whole = Annotated[int, Field(ge=0, strict=True)]  # a JSON whole number >= 0
 
 
-def _kind_name(kind: type | tuple) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(k.__name__ for k in kinds)
+class TraceRecord(BaseModel):
+    """One record of a trace file; the fields each format reads, checked (others ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+
+class AgentxRequestRecord(TraceRecord):
+    t: Amount  # seconds on the session clock (a subagent's may be relative to its spawn)
+    in_tokens: Amount = Field(alias="in")
+    out: Amount
+    think_time: Amount | None = None
+    api_time: Amount | None = None
+    model: Any = ""
+
+
+class AgentxSubagentRecord(TraceRecord):
+    t: Amount  # the spawn
+    requests: list[Any]
+
+
+class MooncakeRecord(TraceRecord):
+    timestamp: Amount  # ms
+    input_length: Amount
+    output_length: Amount
+
+
+class AppliedComputeRecord(TraceRecord):
+    num_turns: Whole
+    input_prompt_length: Whole
+    assistant_response_length: list[Whole]
+    tool_call_output_length: list[Whole]
+    tool_call_latency: list[Amount]
+    final_assistant_response_length: Whole
+
+    @model_validator(mode="after")
+    def _one_entry_per_turn(self) -> AppliedComputeRecord:
+        for key in ("assistant_response_length", "tool_call_output_length", "tool_call_latency"):
+            if len(getattr(self, key)) != self.num_turns:
+                raise ValueError(f"{key} has {len(getattr(self, key))} entries; num_turns is "
+                                 f"{self.num_turns}")
+        return self
+
+
+class TracelabRecord(TraceRecord):
+    session_id: Annotated[str, Field(strict=True)]
+    round_index: Whole = 0
+    timing_events: list[Any]
+    input_tokens_total: Amount
+    output_tokens: Amount
+    prefix_tokens: Amount | None = None
+    model: Any = ""
+
+
+class AzureRow(TraceRecord):
+    TIMESTAMP: datetime
+    ContextTokens: Annotated[int, Field(ge=0)]
+    GeneratedTokens: Annotated[int, Field(ge=0)]
+
+
+# pydantic's error types in the words of the other spec errors: what the field allows
+_ALLOWED = {"missing": "missing", "greater_than_equal": "must be >= {ge}",
+            "float_type": "must be a number >= 0", "int_type": "must be a whole number >= 0",
+            "int_from_float": "must be a whole number >= 0", "list_type": "must be a list",
+            "string_type": "must be a string", "model_type": "must be an object",
+            "dict_type": "must be an object"}
+
+
+def _record(model: type[TraceRecord], obj: Any, path: Path, where: str):
+    """`obj` read as `model`; a bad field is one SpecError naming the file, the field and what
+    it allows."""
+    try:
+        return model.model_validate(obj)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(x) for x in (where, *first["loc"]) if str(x))
+        why = _ALLOWED.get(first["type"], str(first["msg"]).removeprefix("Value error, "))
+        why = why.format(**first.get("ctx", {}))
+        if first["type"] != "missing":
+            why += f", got {first.get('input')!r:.40}"
+        raise SpecError(path, field, why) from None
 
 
 def _hash_array(values: Any, path: Path, where: str) -> np.ndarray:
@@ -107,21 +178,12 @@ def append_only_hash_ids(inputs: Iterable[int], block_tokens: int, start_id: int
 # ---------------------------------------------------------------------------------------- AgentX
 
 
-def _optional_s(raw: dict, key: str, path: Path, where: str) -> float | None:
-    """A duration in seconds the record may leave out (None), else a number >= 0."""
-    return None if raw.get(key) is None else float(_need(raw, key, path, where))
-
-
-def _agentx_request(raw: dict, path: Path, where: str, t0: float, block: int) -> Request:
+def _agentx_request(raw: Any, path: Path, where: str, t0: float, block: int) -> Request:
+    rec = _record(AgentxRequestRecord, raw, path, where)
     return Request(
-        t_s=t0 + float(_need(raw, "t", path, where)),
-        input_tokens=int(_need(raw, "in", path, where)),
-        output_tokens=int(_need(raw, "out", path, where)),
-        hash_ids=_hash_array(raw.get("hash_ids"), path, where),
-        block_tokens=block,
-        think_time_s=_optional_s(raw, "think_time", path, where) or 0.0,
-        api_time_s=_optional_s(raw, "api_time", path, where),
-        model=str(raw.get("model", "")),
+        t_s=t0 + rec.t, input_tokens=int(rec.in_tokens), output_tokens=int(rec.out),
+        hash_ids=_hash_array(raw.get("hash_ids"), path, where), block_tokens=block,
+        think_time_s=rec.think_time or 0.0, api_time_s=rec.api_time, model=str(rec.model),
     )
 
 
@@ -152,11 +214,10 @@ def load_agentx(path: str | Path) -> list[Session]:
         if not isinstance(raw, dict):
             raise SpecError(path, where, "expected an object")
         if raw.get("type") == "subagent":
-            spawn = float(_need(raw, "t", path, where))
-            inner = raw.get("requests")
-            if not isinstance(inner, list):
-                raise SpecError(path, f"{where}.requests", "missing: a subagent entry lists its requests")
-            times = [float(r.get("t", 0.0)) for r in inner if isinstance(r, dict)]
+            sub = _record(AgentxSubagentRecord, raw, path, where)
+            spawn, inner = sub.t, sub.requests
+            times = [float(r["t"]) for r in inner if isinstance(r, dict)
+                     and isinstance(r.get("t"), (int, float)) and not isinstance(r["t"], bool)]
             shift = spawn if times and min(times) < spawn else 0.0
             reqs = tuple(_agentx_request(r, path, f"{where}.requests[{j}]", shift, block)
                          for j, r in enumerate(inner))
@@ -202,10 +263,10 @@ def load_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
     sessions = []
     for n, obj in _jsonl(path):
         where = f"line {n}"
+        rec = _record(MooncakeRecord, obj, path, where)
         req = Request(
-            t_s=float(_need(obj, "timestamp", path, where)) / 1000.0,
-            input_tokens=int(_need(obj, "input_length", path, where)),
-            output_tokens=int(_need(obj, "output_length", path, where)),
+            t_s=rec.timestamp / 1000.0, input_tokens=int(rec.input_length),
+            output_tokens=int(rec.output_length),
             hash_ids=_hash_array(obj.get("hash_ids"), path, where),
             block_tokens=block_tokens,
         )
@@ -231,11 +292,9 @@ def load_azure(path: str | Path) -> list[Session]:
         raise SpecError(path, "header", f"expected columns {', '.join(needed)}")
     sessions, t0 = [], None
     for n, row in enumerate(rows, start=2):
-        try:
-            stamp = datetime.fromisoformat(row["TIMESTAMP"].strip()[:26])
-            ctx, gen = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-        except ValueError as err:
-            raise SpecError(path, f"row {n}", f"bad value: {err}") from None
+        stamp_text = (row.get("TIMESTAMP") or "").strip()[:26]
+        rec = _record(AzureRow, {**row, "TIMESTAMP": stamp_text}, path, f"row {n}")
+        stamp, ctx, gen = rec.TIMESTAMP, rec.ContextTokens, rec.GeneratedTokens
         t0 = stamp if t0 is None else t0
         sid = f"{path.stem}:{n}"
         req = Request(t_s=(stamp - t0).total_seconds(), input_tokens=ctx, output_tokens=gen)
@@ -254,22 +313,14 @@ def load_applied_compute(path: str | Path, block_tokens: int = AGENTX_BLOCK_TOKE
     path = Path(path)
     sessions = []
     for n, obj in _jsonl(path):
-        where = f"line {n}"
-        turns = int(_need(obj, "num_turns", path, where, int))
-        prompt = int(_need(obj, "input_prompt_length", path, where, int))
-        lists = {}
-        for key in ("assistant_response_length", "tool_call_output_length", "tool_call_latency"):
-            value = _need(obj, key, path, where, list)
-            if len(value) != turns:
-                raise SpecError(path, f"{where}.{key}", f"has {len(value)} entries; num_turns is {turns}")
-            lists[key] = value
-        final = int(_need(obj, "final_assistant_response_length", path, where, int))
-        inputs, outputs, gaps = [prompt], [], [0.0]
+        rec = _record(AppliedComputeRecord, obj, path, f"line {n}")
+        turns = rec.num_turns
+        inputs, outputs, gaps = [rec.input_prompt_length], [], [0.0]
         for i in range(turns):
-            outputs.append(int(lists["assistant_response_length"][i]))
-            inputs.append(inputs[-1] + outputs[-1] + int(lists["tool_call_output_length"][i]))
-            gaps.append(float(lists["tool_call_latency"][i]))
-        outputs.append(final)
+            outputs.append(rec.assistant_response_length[i])
+            inputs.append(inputs[-1] + outputs[-1] + rec.tool_call_output_length[i])
+            gaps.append(rec.tool_call_latency[i])
+        outputs.append(rec.final_assistant_response_length)
         hashes = append_only_hash_ids(inputs, block_tokens)
         t, reqs = 0.0, []
         for i in range(turns + 1):
@@ -285,8 +336,16 @@ def load_applied_compute(path: str | Path, block_tokens: int = AGENTX_BLOCK_TOKE
 # -------------------------------------------------------------------------------------- TraceLab
 
 
-def _iso(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+def _event_stamps(events: list, path: Path, where: str) -> list[float]:
+    """The ISO timestamps of a round's timing events, in seconds; none is one SpecError."""
+    try:
+        stamps = [datetime.fromisoformat(str(e["timestamp"]).replace("Z", "+00:00")).timestamp()
+                  for e in events if isinstance(e, dict) and e.get("timestamp")]
+    except ValueError as err:
+        raise SpecError(path, where, f"a timestamp is not ISO 8601 ({err})") from None
+    if not stamps:
+        raise SpecError(path, where, "no timestamps")
+    return stamps
 
 
 def load_tracelab(path: str | Path) -> list[Session]:
@@ -295,31 +354,25 @@ def load_tracelab(path: str | Path) -> list[Session]:
     path = Path(path)
     by_session: dict[str, list[tuple[int, dict]]] = {}
     for n, obj in _jsonl(path):
-        sid = str(_need(obj, "session_id", path, f"line {n}", str))
-        by_session.setdefault(sid, []).append((n, obj))
+        rec = _record(TracelabRecord, obj, path, f"line {n}")
+        by_session.setdefault(rec.session_id, []).append((n, rec, obj))
     sessions = []
     for sid, rows in by_session.items():
-        rows.sort(key=lambda r: r[1].get("round_index", 0))
+        rows.sort(key=lambda r: r[1].round_index)
         reqs, t0, prev_end = [], None, None
-        for n, obj in rows:
-            where = f"line {n}"
-            events = _need(obj, "timing_events", path, where, list)
-            stamps = [_iso(e["timestamp"]) for e in events if isinstance(e, dict) and e.get("timestamp")]
-            if not stamps:
-                raise SpecError(path, f"{where}.timing_events", "no timestamps")
+        for n, rec, _ in rows:
+            stamps = _event_stamps(rec.timing_events, path, f"line {n}.timing_events")
             start, end = min(stamps), max(stamps)
             t0 = start if t0 is None else t0
             reqs.append(Request(
-                t_s=start - t0,
-                input_tokens=int(_need(obj, "input_tokens_total", path, where)),
-                output_tokens=int(_need(obj, "output_tokens", path, where)),
+                t_s=start - t0, input_tokens=int(rec.input_tokens_total),
+                output_tokens=int(rec.output_tokens),
                 think_time_s=0.0 if prev_end is None else max(0.0, start - prev_end),
-                cached_tokens=int(obj.get("prefix_tokens") or 0),
-                model=str(obj.get("model", "")),
+                cached_tokens=int(rec.prefix_tokens or 0), model=str(rec.model),
             ))
             prev_end = end
         sessions.append(Session(sid, tuple(reqs), kind="main", root_id=sid, hash_scope="none",
-                                source=str(path), meta={"provider": rows[0][1].get("provider", "")}))
+                                source=str(path), meta={"provider": rows[0][2].get("provider", "")}))
     return sessions
 
 

@@ -22,6 +22,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: rich's formatter takes longer to load than the command
     help="Servecast: predict LLM serving performance and cost for agentic traffic.",
 )
 for _name in COMMAND_MODULES:

@@ -7,8 +7,6 @@ from collections import Counter
 import typer
 
 from model.frontends.cli.output import JSON, emit
-from model.specs.architecture import list_architectures, load_architecture, within_window
-from model.specs.dtypes import dtype
 from model.specs.errors import ServecastError
 
 
@@ -17,6 +15,7 @@ def describe(name: str, weight_dtype: str | None = None) -> dict:
     # the counting modules load sympy: imported when a command runs, not at start-up
     from model.perf.kv import kv_bytes_per_token, kv_bytes_per_token_by_kind, sequence_kv
     from model.perf.params import parameter_counts, weight_bytes, weight_bytes_by_dtype
+    from model.specs.architecture import load_architecture
 
     arch = load_architecture(name, weight_dtype)
     counts = parameter_counts(arch)
@@ -60,6 +59,8 @@ def kv_report(name: str, context: int, kv_dtype: str | None = None,
               block_size: int | None = None, state_dtype: str = "fp32",
               allow_beyond_window: bool = False) -> dict:
     from model.perf.kv import entry_layouts, kv_bytes_per_token, sequence_kv  # loads sympy
+    from model.specs.architecture import load_architecture, within_window
+    from model.specs.dtypes import dtype
 
     if context < 0:
         raise ServecastError(f"--context must be >= 0 tokens; got {context}")
@@ -88,11 +89,14 @@ def kv_report(name: str, context: int, kv_dtype: str | None = None,
 
 
 def register(app: typer.Typer) -> None:
-    arch_app = typer.Typer(no_args_is_help=True, help="Model architectures: list, show.")
+    arch_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                           help="Model architectures: list, show.")
 
     @arch_app.command("list")
     def list_cmd(as_json: bool = JSON) -> None:
         """Names of every architecture under data/architectures/."""
+        from model.specs.architecture import list_architectures
+
         emit({"architectures": list_architectures()}, as_json)
 
     @arch_app.command("show")

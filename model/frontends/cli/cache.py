@@ -10,12 +10,8 @@ import typer
 
 from model.frontends.cli.limits import require_nvme
 from model.frontends.cli.output import JSON, emit
-from model.specs.architecture import load_architecture, within_window
 from model.specs.defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
-from model.specs.hardware import load_hardware
-from model.specs.precision import with_precision
-from model.specs.recipes import recipe_settings
 
 # the replay's work grows with the replicas (least-loaded routing scans each one per request)
 MAX_REPLICAS = 1024
@@ -139,6 +135,10 @@ def memory_cmd(
     from model.perf.memory import hbm_budget  # loads sympy: only when the command runs
     from model.perf.parallel import ParallelPlan
     from model.perf.tiers import tier_capacity_tokens
+    from model.specs.architecture import load_architecture, within_window
+    from model.specs.hardware import load_hardware
+    from model.specs.precision import with_precision
+    from model.specs.recipes import recipe_settings
 
     a, hw = load_architecture(arch), load_hardware(hardware)
     if context_tokens is None:
@@ -174,6 +174,8 @@ def reload_cmd(
     """Reload a prefix's KV from a tier or recompute it: times by context, break-even."""
     from model.perf.parallel import ParallelPlan  # loads sympy: only when the command runs
     from model.perf.tiers import break_even
+    from model.specs.architecture import load_architecture
+    from model.specs.hardware import load_hardware
 
     a, hw = load_architecture(arch), load_hardware(hardware)
     require_nvme(hw, (tier,), "--tier")

@@ -3,11 +3,17 @@ prices, USD per million tokens)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from model.frontends.cli.output import JSON, emit
-from model.specs.hardware import Hardware, list_hardware, load_hardware
-from model.specs.prices import api_price, list_api_prices, price_sources
+
+if TYPE_CHECKING:
+    from model.specs.hardware import Hardware
+
+# the spec modules load pydantic and yaml: each command imports what it reads, so `--help`
+# starts without them
 
 
 def describe(hw: Hardware) -> dict:
@@ -47,12 +53,15 @@ def _cell(value: object) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(no_args_is_help=True, help="Accelerator specs (hardware/*.yaml).")
+    group = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Accelerator specs (hardware/*.yaml).")
     app.add_typer(group, name="hardware")
 
     @group.command("list")
     def hardware_list(as_json: bool = JSON) -> None:
         """List the systems; with --json: {"hardware": [names], "systems": [summaries]}."""
+        from model.specs.hardware import list_hardware, load_hardware
+
         names = list_hardware()
         rows = [_summary_row(load_hardware(name)) for name in names]
         if as_json:
@@ -64,6 +73,8 @@ def register(app: typer.Typer) -> None:
     def hardware_show(name: str = typer.Argument(..., help="name, alias or path to a .yaml"),
                       as_json: bool = JSON) -> None:
         """Show one validated spec (SI units, unit-suffixed keys) with its sources."""
+        from model.specs.hardware import load_hardware
+
         emit(describe(load_hardware(name)), as_json)
 
     @app.command("prices")
@@ -72,6 +83,8 @@ def register(app: typer.Typer) -> None:
                                            help="price in force on YYYY[-MM[-DD]]"),
                as_json: bool = JSON) -> None:
         """API list prices, USD per million tokens (latest, or in force on --on-date)."""
+        from model.specs.prices import api_price, list_api_prices, price_sources
+
         sources = price_sources()
         if model is None:
             rows = [p.model_dump(mode="json") for p in list_api_prices()]

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from model.specs.errors import ServecastError
-from model.specs.specio import read_yaml_mapping
 
 # serve and plan answer for at most this many closed-loop sessions per GPU: the load at which the
 # closed form is checked against the discrete-event simulator (model.validate.agreement,
@@ -35,6 +34,8 @@ def require_nvme(hw, tiers, flag: str) -> None:
 def readable_workload(name: str) -> str:
     """`name` unchanged; where it is a path to a .yaml profile, the file must be a readable
     YAML mapping (a folder or a binary file is one line naming it)."""
+    from model.specs.specio import read_yaml_mapping  # loads pydantic and yaml
+
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.exists():
         read_yaml_mapping(path)

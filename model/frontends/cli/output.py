@@ -7,17 +7,19 @@ from typing import Any
 
 import typer
 
-from model.frontends.nbio import plain
-
 JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 
 
 def to_json(obj: dict[str, Any]) -> str:
+    from model.frontends.nbio import plain  # loads numpy: only once a command has a result
+
     return json.dumps(plain(obj), indent=2, sort_keys=False)
 
 
 def emit(obj: dict[str, Any], as_json: bool) -> None:
     """Print `obj` as JSON or as `key: value` lines (nested values as compact JSON)."""
+    from model.frontends.nbio import plain
+
     if as_json:
         print(to_json(obj))
         return

@@ -9,10 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from model.frontends.cli.output import JSON, emit
-from model.specs.architecture import load_architecture, within_window
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
-from model.specs.hardware import load_hardware
 
 if TYPE_CHECKING:
     from model.perf.parallel import ParallelPlan
@@ -101,6 +99,9 @@ def estimate_cmd(
     (disaggregated when any --prefill-* / --decode-* option is given)."""
     from model.perf.parallel import check_redundant_experts
     from model.serve.estimate import Disagg, estimate  # the model loads only when a command runs
+    from model.specs.architecture import load_architecture, within_window
+    from model.specs.hardware import load_hardware
+
     model = load_architecture(arch)
     disagg = None
     if any(v is not None for v in (prefill_tp, decode_tp, prefill_workers, decode_workers)) or any(

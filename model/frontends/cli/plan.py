@@ -70,6 +70,9 @@ def register(app: typer.Typer) -> None:
                                        help="owned | rental_low | rental_high | owned_model"),
         pareto: bool = typer.Option(False, "--pareto", help="Include the full tier's Pareto "
                                     f"front ({PARETO_POINTS} more points along the screening's)."),
+        allow_beyond_window: bool = typer.Option(
+            False, "--allow-beyond-window", help="Serve workload requests past the model's "
+            "context window (extrapolated, stated in the assumptions)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """Search parallelism, P/D ratio and concurrency; print the best deployment and its cost."""
@@ -78,6 +81,10 @@ def register(app: typer.Typer) -> None:
 
         if mode is not None and mode not in MODES:
             raise ServecastError(f"--mode {mode!r}: allowed {', '.join(MODES)}")
+        if prefill_hardware is not None and mode == "aggregated":
+            raise ServecastError(f"--prefill-hardware {prefill_hardware}: prefill workers exist "
+                                 "only in disaggregated deployments; allowed: --mode "
+                                 "disaggregated, or no --mode")
         if gpus is None and deployment is None:
             gpus = DEFAULT_SCENARIO["gpus"]
         tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
@@ -93,7 +100,8 @@ def register(app: typer.Typer) -> None:
                       cache_tiers=tiers, concurrency=sessions, slo_p90_ttft_s=slo_p90_ttft,
                       deployment=deployment, prefill_schedule_interval=prefill_schedule_interval,
                       max_num_batched_tokens=max_num_batched_tokens,
-                      pareto_points=PARETO_POINTS if pareto else 0)
+                      pareto_points=PARETO_POINTS if pareto else 0,
+                      allow_beyond_window=allow_beyond_window)
         out = result.contract()
         if pareto:
             out["pareto"] = result.pareto.to_dict(orient="records")

@@ -10,13 +10,13 @@ import typer
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit, positive
 from model.frontends.cli.perf import ATTENTION_DP_HELP, REDUNDANT_HELP
-from model.specs.architecture import load_architecture
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
 from model.specs.errors import ServecastError
 
 # `workload show` draws this many sessions at most: 100,000 take about 4 s and 0.6 GB
 WORKLOAD_SESSIONS_CAP = 100_000
-workload_app = typer.Typer(no_args_is_help=True, help="Workload profiles (data/workloads/).")
+workload_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                           help="Workload profiles (data/workloads/).")
 
 
 @workload_app.command("list")
@@ -135,6 +135,9 @@ def register(app: typer.Typer) -> None:
         simulate_s: float = typer.Option(0.0, "--simulate-s", min=0.0, help="also run the discrete-event "
                                          "oracle for this many simulated seconds"),
         seed: int = typer.Option(0, "--seed", min=0),
+        allow_beyond_window: bool = typer.Option(
+            False, "--allow-beyond-window", help="serve workload requests past the model's "
+            "context window (extrapolated, stated in the output's assumptions)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ):
         """The full tier of one replica of the --tp/--dp/... plan or, with --deployment, of a whole
@@ -155,7 +158,8 @@ def register(app: typer.Typer) -> None:
                                         redundant_experts)
         out, setup, dep = _serve_deployment(
             arch, hardware, w, deployment, gpus, prefill_hardware, policy, load, cache,
-            (precision, kv_dtype, spec_tokens, spec_acceptance, recipe), seed)
+            (precision, kv_dtype, spec_tokens, spec_acceptance, recipe), seed,
+            allow_beyond_window)
         if slo_p90_interactivity is not None:
             p90 = out["p90_interactivity_tok_s"]
             out["meets_slo"] = p90 is not None and p90 >= slo_p90_interactivity
@@ -174,6 +178,7 @@ def _replica_label(arch: str, degrees: tuple, attention_dp: bool, redundant_expe
         attention_dp_plan,
         check_redundant_experts,
     )
+    from model.specs.architecture import load_architecture
 
     tp, pp, dp, ep, moe_tp, pcp, dcp = degrees
     if attention_dp:
@@ -195,7 +200,8 @@ def _simulated(setup, dep, w, policy, load, duration_s: float, seed: int, hit_ra
     if dep.mode != "aggregated" or dep.replica.instances != 1:
         raise ServecastError("serve: --simulate-s: the simulator runs one replica; give no "
                              "--deployment, or one replica (1x[plan])")
-    step = worker_step_model(setup, setup.hardware, dep.replica, True)
+    step = worker_step_model(setup, setup.hardware, dep.replica, True,
+                             policy.max_num_batched_tokens)
     hit = cache["hit_rate"] if cache["hit_rate"] is not None else (
         None if cache["infinite"] else hit_rate)
     return simulate(step, w, policy, load, duration_s=duration_s, seed=seed, hit_rate=hit,
@@ -203,16 +209,21 @@ def _simulated(setup, dep, w, policy, load, duration_s: float, seed: int, hit_ra
 
 
 def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, policy, load,
-                      cache: dict, serving: tuple, seed: int) -> dict:
+                      cache: dict, serving: tuple, seed: int, allow_beyond_window: bool
+                      ) -> dict:
     """A whole deployment through the full tier, as `plan --deployment` evaluates it
     (model.plan.full_tier.evaluate_deployment)."""
     from model.plan.deployment import parse_deployment_label
     from model.plan.full_tier import evaluate_deployment, labelled_deployment
-    from model.plan.inputs import ServingChoices, setup_for
+    from model.plan.inputs import ServingChoices, setup_for, workload_within_window
     from model.specs.workload import ClosedLoop
 
     precision, kv_dtype, spec_tokens, spec_acceptance, recipe = serving
     shape, total_gpus = parse_deployment_label(label).resolve(gpus)
+    if prefill_hardware is not None and shape.mode != "disaggregated":
+        raise ServecastError(f"--prefill-hardware {prefill_hardware}: prefill workers exist only "
+                             f"in a disaggregated --deployment (xP[plan]yD[plan]); allowed: "
+                             f"leave it out for {label}")
     if isinstance(load, ClosedLoop):
         within_session_cap(load.concurrency, total_gpus)
     spec = {}
@@ -223,7 +234,7 @@ def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, pol
     choices = ServingChoices(precision, kv_dtype, recipe=recipe, cache_policy=cache["policy"],
                              cache_tiers=cache["tiers"], finite_cache=not cache["infinite"],
                              hit_rate=cache["hit_rate"], prefetch_reload=cache["prefetch"],
-                             **spec)
+                             allow_beyond_window=allow_beyond_window, **spec)
     setup = setup_for(arch, hardware, w, choices, prefill_hardware, seed)
     for chip in {setup.hardware, setup.prefill_hardware}:
         require_nvme(chip, cache["tiers"], "--cache-tiers")
@@ -235,4 +246,7 @@ def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, pol
            "plan": dep.shape_label(), "deployment": dep.as_dict(), **served.as_dict(),
            "p90_interactivity_tok_s": r.interactivity_tok_s["p90"],
            "p90_ttft_s": r.ttft_s["p90"]}
+    beyond = workload_within_window(setup.arch, w, allow_beyond_window)
+    if beyond:
+        out["assumptions"] = [*out.get("assumptions", []), beyond]
     return out, setup, dep

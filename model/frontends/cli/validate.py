@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from model.frontends.cli.output import JSON, emit
-from model.validate.scoreboard import percent, set_names  # no model code loads
+from model.validate.registry import percent, set_names  # no numpy, no model code
 
 SETS = typer.Argument(None, metavar="SET...",
                       help=f"measured sets (default: all): {', '.join(set_names())}")
