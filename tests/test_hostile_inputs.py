@@ -26,6 +26,8 @@ CASES = [
     (EST + ["--tp", "-2"], "tp"),
     (EST + ["--pp", "0"], "pp"),
     (EST + ["--ep", "-1"], "ep"),
+    (EST + ["--redundant-experts", "-1"], "--redundant-experts"),
+    (EST + ["--tp", "4", "--ep", "4", "--redundant-experts", "3"], "--redundant-experts 3"),
     (EST[:-1] + ["0"], "--concurrency"),
     (EST[:5] + ["--isl", "0", "--osl", "100", "--concurrency", "4"], "--isl"),
     (EST[:5] + ["--isl", "100", "--osl", "-5", "--concurrency", "4"], "--osl"),

@@ -106,3 +106,29 @@ def test_summary_medians_cover_the_predicted_rows(runs):
                                       for r in runs.values())
     assert 0 <= result["median_abs_error"] < 10
     assert sum(v["rows"] for v in result["by"]["vendor"].values()) == result["predicted"]
+
+
+def test_mlperf_rows_state_the_running_batch_context_of_their_dataset():
+    # per-sample lengths of the MLCommons sets (openshift-psap/performance-dashboard
+    # mlperf-data/summaries/*.csv): DeepSeek-R1's 4,388 samples have mean input 803.79, mean
+    # reference output 4043.45 and an output-weighted mean of input + output / 2 of 5826.0
+    # tokens: share (5826.0 - 803.79) / 4043.45 = 1.2421 (fixed lengths: 0.5)
+    shares = {r["model"]: r["decode_context_share"] for r in ROWS if r["source"].startswith(
+        "MLPerf")}
+    assert shares == {"llama-2-70b": "0.7056", "mixtral-8x7b": "0.8802",
+                      "llama-3.1-405b": "0.2285", "deepseek-r1": "1.2421"}
+    assert all(r["decode_context_share"] == "" for r in ROWS if not r["source"].startswith(
+        "MLPerf"))
+    from model.serve.closed_loop import Protocol
+
+    assert Protocol(decode_context_share=1.2421).running_context(803.79, 4043.45) == \
+        pytest.approx(5826.0, abs=0.5)
+    assert Protocol().running_context(803.79, 4043.45) == pytest.approx(803.79 + 4043.45 / 2)
+
+
+def test_a_longer_running_context_slows_the_deepseek_r1_offline_row():
+    # the same row at fixed lengths (share 0.5) decodes at a 2.4x shorter mean context
+    row = BY_ID["mlperf-v5.1-5.1-0069-b200-deepseek-r1-offline"]
+    biased = published._estimate(row, 4096)
+    fixed = published._estimate({**row, "decode_context_share": ""}, 4096)
+    assert biased["tpot_ms"] > 1.15 * fixed["tpot_ms"]

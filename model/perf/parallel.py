@@ -6,7 +6,15 @@ Degrees follow vLLM / aiconfigurator semantics:
 - MoE layers: the same GPUs regrouped as `moe_tp` x `ep` (moe_tp * ep == tp * dp * pcp);
 - `dcp` decode context parallel shards the KV along the sequence inside the TP group
   (dcp divides tp; KV is not duplicated across those ranks);
-- `pp` pipeline stages multiply everything; `sp` shards norms/activations along tokens in TP.
+- `pp` pipeline stages multiply everything; `sp` shards norms/activations along tokens in TP;
+- `redundant_experts` extra physical copies of routed experts (EPLB): each EP rank holds
+  (experts + redundant) / ep of them (vLLM `--enable-eplb --eplb-config
+  '{"num_redundant_experts": N}'`, SGLang `--ep-num-redundant-experts N`, TensorRT-LLM
+  `num_slots`), and the balancer evens the ranks' load (model.perf.expert_balance).
+
+Engines that write attention data parallelism inside their tp (SGLang `--tp N
+--enable-dp-attention --dp D`, TensorRT-LLM `tp_size: N` with `enable_attention_dp`) map to
+tp = N / D, dp = D here (`attention_dp_plan`).
 
 This module adds the rules on top: validity, sharding of weights / KV / compute, and the
 collectives each plan adds per layer (vLLM docs/serving/data_parallel_deployment.md,
@@ -37,6 +45,7 @@ class ParallelPlan:
     pcp: int = 1
     dcp: int = 1
     sp: bool = False
+    redundant_experts: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "ep", "moe_tp", "pcp", "dcp"):
@@ -44,6 +53,10 @@ class ParallelPlan:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ServecastError(f"parallel plan: {name}: must be an integer >= 1, got "
                                      f"{value!r}")
+        r = self.redundant_experts
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0:
+            raise ServecastError(f"parallel plan: redundant_experts: must be an integer >= 0, "
+                                 f"got {r!r}")
 
     @property
     def attention_gpus(self) -> int:
@@ -58,6 +71,7 @@ class ParallelPlan:
         parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("dp", self.dp),
                  ("ep", self.ep), ("moetp", self.moe_tp), ("pcp", self.pcp), ("dcp", self.dcp))
                  if v > 1]
+        parts += [f"eplb{self.redundant_experts}"] if self.redundant_experts else []
         return "-".join(parts + (["sp"] if self.sp else [])) or "single"
 
 
@@ -93,6 +107,61 @@ def normalize_plan(arch: Architecture, plan: ParallelPlan) -> ParallelPlan:
     return plan
 
 
+def routed_experts(arch: Architecture) -> int:
+    """Logical routed experts per MoE layer (0 for a dense model)."""
+    layer = _first(arch, lambda ly: ly.mlp.experts is not None)
+    return 0 if layer is None else layer.mlp.experts.num_experts
+
+
+def experts_per_rank(num_experts: int, plan: ParallelPlan) -> float:
+    """Physical experts one EP rank holds: (logical + redundant) / ep."""
+    return (num_experts + plan.redundant_experts) / plan.ep
+
+
+def redundant_choices(experts: int, ep: int, count: int = 4) -> list[int]:
+    """The smallest redundant-expert counts that make experts + redundant divide by ep (0 first
+    where it already does)."""
+    first = (-experts) % ep
+    return [first + i * ep for i in range(count)]
+
+
+def check_redundant_experts(arch: Architecture, plan: ParallelPlan,
+                            flag: str = "--redundant-experts") -> None:
+    """A redundant-expert count the plan can hold, else one line naming `flag` and the counts
+    it allows: 0 without expert parallelism, else those that make experts + redundant a
+    multiple of ep (vLLM, SGLang and TensorRT-LLM all place physical experts evenly)."""
+    r = plan.redundant_experts
+    if r == 0:  # the plan's own validity (validate_plan) speaks for the experts' divisibility
+        return
+    experts = routed_experts(arch)
+    if experts == 0:
+        raise ServecastError(f"{flag} {r}: {arch.name} has no routed experts; allowed: 0")
+    if plan.ep == 1:
+        raise ServecastError(f"{flag} {r}: redundant experts need expert parallelism (ep > 1); "
+                             f"allowed with ep=1: 0")
+    if (experts + r) % plan.ep:
+        choices = ", ".join(map(str, redundant_choices(experts, plan.ep)))
+        raise ServecastError(f"{flag} {r}: {experts} + {r} experts not divisible by ep="
+                             f"{plan.ep}; allowed: {choices}, ... ({experts} + N a multiple of "
+                             f"{plan.ep})")
+
+
+def attention_dp_plan(tp: int, dp: int = 1, ep: int = 1, pp: int = 1,
+                      redundant_experts: int = 0) -> ParallelPlan:
+    """A plan written as engines write attention data parallelism: `tp` counts every GPU of the
+    stage, `dp` of them run attention data-parallel (SGLang `--tp N --enable-dp-attention --dp
+    D`; TensorRT-LLM `enable_attention_dp` is dp = tp, its default here when dp is 1), each with
+    whole heads for its own sequences and tp / dp attention ranks; the routed experts run over
+    all tp GPUs, `ep`-way expert parallel and tp / ep tensor parallel."""
+    dp = tp if dp == 1 else dp
+    for name, value in (("dp", dp), ("ep", ep)):
+        if value < 1 or tp % value:
+            raise ServecastError(f"attention data parallelism: {name} {value} must divide tp "
+                                 f"{tp}; allowed: the divisors of {tp}")
+    return ParallelPlan(tp=tp // dp, pp=pp, dp=dp, ep=ep, moe_tp=tp // ep,
+                        redundant_experts=redundant_experts)
+
+
 # ---- validity ----------------------------------------------------------------------------------
 def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
                   cross_domain_tp: bool = False) -> None:
@@ -109,6 +178,9 @@ def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
                          f"tp*dp*pcp = {p.attention_gpus}")
     if not is_moe(arch) and p.ep > 1:
         raise Infeasible(f"plan {p.label()}: ep={p.ep} but {arch.name} has no routed experts")
+    if p.redundant_experts and p.ep == 1:
+        raise Infeasible(f"plan {p.label()}: redundant experts need expert parallelism (ep > 1), "
+                         f"got ep=1")
     domain = int(getattr(hw, "scale_up_domain_gpus", 8) or 8)
     if p.tp > domain and not cross_domain_tp:
         raise Infeasible(f"plan {p.label()}: tp={p.tp} exceeds the scale-up domain of "
@@ -119,7 +191,8 @@ def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
         att = layer.attention
         if att.num_heads % p.tp:
             raise Infeasible(f"plan {p.label()}: {att.num_heads} attention heads not divisible "
-                             f"by tp={p.tp}")
+                             f"by tp={p.tp} (engines that count attention-DP ranks in tp run "
+                             f"them as dp here: --attention-dp)")
         kv = kv_heads_effective(att)
         if att.kind not in ("linear",) and kv > 1:
             if kv >= p.tp and kv % p.tp:
@@ -142,9 +215,12 @@ def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
                                  f"tp/kv_heads = {dup} (dcp <= tp/K and divides it)")
         ex = layer.mlp.experts
         if ex is not None:
-            if ex.num_experts % p.ep:
-                raise Infeasible(f"plan {p.label()}: {ex.num_experts} experts not divisible by "
-                                 f"ep={p.ep}")
+            physical = ex.num_experts + p.redundant_experts
+            if physical % p.ep:
+                with_r = f" + {p.redundant_experts} redundant" if p.redundant_experts else ""
+                raise Infeasible(f"plan {p.label()}: {ex.num_experts}{with_r} experts not "
+                                 f"divisible by ep={p.ep} (redundant experts that make them "
+                                 f"divide: {', '.join(map(str, redundant_choices(ex.num_experts, p.ep)))})")
             if ex.intermediate_size % p.moe_tp:
                 raise Infeasible(f"plan {p.label()}: expert width {ex.intermediate_size} not "
                                  f"divisible by moe_tp={p.moe_tp}")
@@ -199,9 +275,13 @@ def kv_duplication(att: Attention, plan: ParallelPlan) -> float:
 
 
 def weight_bytes_per_gpu(arch: Architecture, plan: ParallelPlan, with_mtp: bool = False) -> float:
-    """Weights one GPU holds: dense parts / tp (replicated ones whole), experts / (moe_tp*ep),
-    vocabulary-parallel embedding and LM head / tp, layers / pp (first/last stage: the mean)."""
+    """Weights one GPU holds: dense parts / tp (replicated ones whole), experts (with their
+    redundant copies) / (moe_tp*ep), vocabulary-parallel embedding and LM head / tp, layers / pp
+    (first/last stage: the mean)."""
     sharded, replicated, experts, heads = _weight_classes(arch, with_mtp)
+    if plan.redundant_experts:  # every MoE layer holds its redundant copies too
+        logical = routed_experts(arch)
+        experts *= (logical + plan.redundant_experts) / logical
     return ((sharded / plan.tp + replicated + experts / (plan.moe_tp * plan.ep)) / plan.pp
             + heads / plan.tp / plan.pp)
 
@@ -351,7 +431,7 @@ def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both") -> l
     phase: "prefill" adds PCP and DCP candidates (DCP without PCP: a prefill worker that keeps
     the sessions' prefixes sharded, as InferenceX's Kimi K3 recipe runs), "decode" adds DCP
     candidates, "both" neither. MoE models get both expert layouts (TP experts, and EP across
-    the whole stage).
+    the whole stage, with redundant experts where the experts do not divide by it).
     """
     plans: list[ParallelPlan] = []
     hbm = float(getattr(hw, "hbm_bytes", np.inf))
@@ -360,22 +440,25 @@ def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both") -> l
         for pcp in (_divisors(stage) if phase == "prefill" else [1]):
             for tp in _divisors(stage // pcp):
                 dp = stage // pcp // tp
-                layouts = [(stage, 1)]
+                layouts = [(stage, 1, 0)]
                 if is_moe(arch) and stage > 1:
-                    layouts.append((1, stage))
-                for moe_tp, ep in layouts:
+                    # EP over the whole stage, with the fewest redundant experts that make the
+                    # physical experts divide (none where the logical ones already do)
+                    layouts.append((1, stage, (-routed_experts(arch)) % stage))
+                for moe_tp, ep, redundant in layouts:
                     dcps = _divisors(tp) if phase == "decode" or (
                         phase == "prefill" and pcp == 1) else [1]
                     for dcp in dcps:
                         plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp, pcp=pcp,
-                                            dcp=dcp)
+                                            dcp=dcp, redundant_experts=redundant)
                         try:
                             validate_plan(arch, hw, plan)
                         except Infeasible:
                             continue
                         if weight_bytes_per_gpu(arch, plan) < 0.9 * hbm:
                             plans.append(plan)
-    return sorted(set(plans), key=lambda q: (q.pp, -q.tp, q.dp, q.ep, q.pcp, q.dcp))
+    return sorted(set(plans), key=lambda q: (q.pp, -q.tp, q.dp, q.ep, q.pcp, q.dcp,
+                                              q.redundant_experts))
 
 
 # ---- small closed forms used by the search and the tests ---------------------------------------

@@ -180,14 +180,15 @@ def experts_touched(tokens, top_k, num_experts):
 
 
 def moe_flops_bytes(tokens, hidden, inter, top_k, experts_per_gpu, moe_tp, ep, weight_bytes,
-                    act_bytes):
+                    act_bytes, hot_load=1.0):
     """One MoE layer's routed-expert FLOPs and HBM bytes on one GPU (gated: gate+up, down).
 
     `tokens` are all tokens entering the layer in the EP group; with balanced routing this GPU
-    computes tokens*top_k/ep token-expert pairs on its experts, each sharded 1/moe_tp."""
+    computes tokens*top_k/ep token-expert pairs on its experts, each sharded 1/moe_tp;
+    `hot_load` scales them to the busiest rank's (model.perf.expert_balance)."""
     tokens = np.asarray(tokens, dtype=float)
     num_experts = experts_per_gpu * ep
-    pairs = tokens * top_k / ep
+    pairs = tokens * top_k / ep * hot_load
     inter_local = inter / moe_tp
     flops = 2.0 * pairs * 3.0 * hidden * inter_local
     touched = experts_per_gpu * (1.0 - (1.0 - top_k / num_experts) ** tokens)
@@ -199,13 +200,13 @@ def moe_flops_bytes(tokens, hidden, inter, top_k, experts_per_gpu, moe_tp, ep, w
 
 
 def moe_time_s(tokens, hidden, inter, top_k, experts_per_gpu, moe_tp, ep, dtype: str, hw,
-               ideal: bool = False):
+               ideal: bool = False, hot_load=1.0):
     """One MoE layer's routed-expert compute on one GPU (grouped GEMMs, routing excluded)."""
     d = lookup_dtype(dtype)
     rate, peak = compute_rate(dtype, hw)
     act = d.bytes if rate in ("fp8", "fp4", "int8") else ACT_BYTES
     flops, bytes_, rows = moe_flops_bytes(tokens, hidden, inter, top_k, experts_per_gpu, moe_tp,
-                                          ep, d.bytes, act)
+                                          ep, d.bytes, act, hot_load)
     params = _params(hw, "moe", _params_key(dtype), ideal)
     # per_row_s: align / permute / masked-launch work over every token-expert pair entering the
     # layer (the fused kernels walk all of them, local expert or not)

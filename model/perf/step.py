@@ -30,6 +30,7 @@ import numpy as np
 from model.perf import roofline
 from model.perf.comm import collective_time_s
 from model.perf.engine_factors import EngineFactors, engine_factors
+from model.perf.expert_balance import hot_rank_load_factor
 from model.perf.memory import activation_bytes
 from model.perf.ops import (
     Step,
@@ -42,6 +43,7 @@ from model.perf.ops import (
 from model.perf.parallel import (
     ParallelPlan,
     decode_attention_split,
+    experts_per_rank,
     kv_shard,
     layer_collectives,
     linear_shard,
@@ -174,9 +176,12 @@ class StepModel:
         ex = layer.mlp.experts
         if ex is not None:
             tokens_group = (pre + dec_tok) if p.dp > 1 or p.ep > 1 else tok_r
+            # the busiest EP rank sets the layer's time (ideal: perfectly balanced)
+            hot = 1.0 if ideal else hot_rank_load_factor(
+                p.ep, ex.num_experts, p.redundant_experts, tokens_group * ex.top_k / p.ep)
             t = roofline.moe_time_s(tokens_group, ex.hidden_size, ex.intermediate_size,
-                                    ex.top_k, ex.num_experts / p.ep, p.moe_tp, p.ep, ex.dtype, hw,
-                                    ideal)
+                                    ex.top_k, experts_per_rank(ex.num_experts, p), p.moe_tp,
+                                    p.ep, ex.dtype, hw, ideal, hot)
             out.append((f"{tag}:experts", "moe", count, np.where(tokens_group > 0, t, 0.0)))
         width = arch.hidden_size * arch.hyper_connections
         norm_bytes = 2 * 2 * 2.0 * tok_r * width / (p.tp if p.sp else 1)

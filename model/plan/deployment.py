@@ -163,10 +163,10 @@ class Deployment:
 # ---------------------------------------------------------------- labels
 
 LABEL_FORMS = ("a replica plan such as dp8-ep8 or tp4 (degrees tp, pp, dp, ep, moetp, pcp, dcp, "
-               "and sp), Rx[plan] such as 2x[tp4], or xP[plan]yD[plan] such as "
+               "eplb (redundant experts, dp72-ep72-eplb32) and sp), Rx[plan] such as 2x[tp4], or xP[plan]yD[plan] such as "
                "1P[dp4-ep4]1D[dp8-ep8]")
 _DEGREES = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "moetp": "moe_tp", "pcp": "pcp",
-            "dcp": "dcp"}
+            "dcp": "dcp", "eplb": "redundant_experts"}
 _AGGREGATED = re.compile(r"(?:(\d+)x\[([^\]]+)\]|([^\[\]]+))")
 _DISAGGREGATED = re.compile(r"(\d+)P\[([^\]]+)\](\d+)D\[([^\]]+)\]")
 
@@ -213,14 +213,14 @@ def parse_plan_label(text: str, flag: str = "--deployment") -> ParallelPlan:
         return ParallelPlan()
     degrees: dict[str, object] = {}
     for part in text.split("-"):
-        m = re.fullmatch(r"(tp|pp|dp|ep|moetp|pcp|dcp)(\d+)|(sp)", part)
+        m = re.fullmatch(r"(tp|pp|dp|ep|moetp|pcp|dcp|eplb)(\d+)|(sp)", part)
         if m is None:
             raise _label_error(text, flag, f"{part!r} is not a degree")
         name = "sp" if m.group(3) else _DEGREES[m.group(1)]
         if name in degrees:
             raise _label_error(text, flag, f"{part!r} repeats a degree")
         value = True if m.group(3) else int(m.group(2))
-        if value is not True and value < 1:
+        if value is not True and value < (0 if name == "redundant_experts" else 1):
             raise _label_error(text, flag, f"{part!r} must be at least 1")
         degrees[name] = value
     return ParallelPlan(**degrees)

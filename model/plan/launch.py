@@ -53,6 +53,9 @@ def vllm_parallel_flags(phase: PhaseConfig) -> list[str]:
         flags += ["--data-parallel-size", str(p.dp)]
     if p.ep > 1:
         flags += ["--enable-expert-parallel"]
+    if p.redundant_experts:  # vLLM docs/serving/expert_parallel_deployment.md (EPLB)
+        flags += ["--enable-eplb", "--eplb-config",
+                  json.dumps({"num_redundant_experts": p.redundant_experts})]
     if p.dcp > 1:
         flags += ["--decode-context-parallel-size", str(p.dcp)]
     if p.pcp > 1:
@@ -103,6 +106,8 @@ def sglang_flags(phase: PhaseConfig) -> tuple[list[str], list[str]]:
         flags += ["--dp-size", str(p.dp), "--enable-dp-attention"]
     if p.ep > 1:
         flags += ["--ep-size", str(p.ep)]
+    if p.redundant_experts:  # SGLang server arguments (EPLB)
+        flags += ["--enable-eplb", "--ep-num-redundant-experts", str(p.redundant_experts)]
     if p.pp > 1:
         flags += ["--pp-size", str(p.pp)]
     if p.dcp > 1:

@@ -79,10 +79,22 @@ class Protocol:
     rounds: requests each client sends (num_prompts / concurrency); None: not recorded, use the
     fitted `benchmark_rounds`. range_ratio: request lengths drawn uniformly from
     [range_ratio * L, L] for the nominal ISL/OSL L (vLLM's `benchmark_serving` random sampler,
-    `--random-range-ratio`); 1: fixed lengths."""
+    `--random-range-ratio`); 1: fixed lengths. decode_context_share: mean context of a sequence
+    in the running decode batch beyond the mean prompt, in mean outputs (0.5: fixed lengths)."""
 
     rounds: float | None = None
     range_ratio: float = 1.0
+    decode_context_share: float = 0.5
+
+    def running_context(self, isl: float, osl: float) -> float:
+        """Mean context of a sequence in the running decode batch: isl + share x osl. With fixed
+        lengths each sequence is on average halfway through its output (share 0.5). Where
+        outputs vary, a sequence stays in the batch for as many steps as it has output tokens,
+        so the batch holds sequences in proportion to their output length (length-biased
+        sampling, renewal theory's inspection paradox): the mean context is the
+        output-weighted mean of prompt + output / 2 over the dataset's samples, E[o (i + o/2)] /
+        E[o] (E[i] + E[o^2] / (2 E[o]) where lengths are independent)."""
+        return isl + self.decode_context_share * osl
 
     @property
     def fixed_lengths(self) -> bool:

@@ -137,14 +137,20 @@ def _prefill_queue_steps(prompts, new_tokens, step_tokens):
     return float(np.mean(np.ceil(i * new_tokens / step_tokens)))
 
 
-def _kv_limit(sm: StepModel, isl: int, osl: int) -> float:
-    """Sequences the KV pool holds at their mean occupancy (prompt + half the output): engines
-    admit on the blocks a sequence holds now and grow it block by block."""
+def _running_context(protocol: Protocol | None, isl: int, osl: int) -> float:
+    """Mean context of the running decode batch (Protocol.running_context; fixed lengths:
+    prompt + half the output)."""
+    return (protocol or Protocol()).running_context(isl, osl)
+
+
+def _kv_limit(sm: StepModel, isl: int, osl: int, protocol: Protocol | None = None) -> float:
+    """Sequences the KV pool holds at their mean occupancy (the running batch's mean context):
+    engines admit on the blocks a sequence holds now and grow it block by block."""
     if float(sm.kv_capacity_tokens(isl + osl)) < isl + osl:
         raise Infeasible(f"one sequence of {isl + osl} tokens needs more KV than the "
                          f"{sm.kv_pool_bytes_per_gpu / 1e9:.1f} GB pool per GPU under "
                          f"{sm.plan.label()}")
-    mean_len = isl + osl / 2.0
+    mean_len = _running_context(protocol, isl, osl)
     cap_tokens = float(sm.kv_capacity_tokens(mean_len))
     max_running = cap_tokens / mean_len
     if max_running < 1.0:
@@ -176,7 +182,7 @@ def agg_components(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_t
     later in `closed_loop`), and the counts that combine them."""
     new = float(isl - prefix_tokens)
     p = sm.plan
-    max_running = _kv_limit(sm, isl, osl)
+    max_running = _kv_limit(sm, isl, osl, protocol)
     running = float(min(concurrency, np.floor(max_running)))
     per_rank = max(running / p.dp, 1.0)
     budget = float(max_num_batched_tokens)
@@ -186,7 +192,7 @@ def agg_components(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_t
     chunk = min(budget, new)
     # the three step kinds in one vectorized call: wave prefill, single prompt, decode
     args = ([wave_tokens * p.dp, chunk * p.dp, 0.0], [isl, isl, 0.0],
-            [0.0, 0.0, running / p.pp], [0.0, 0.0, isl + osl / 2.0],
+            [0.0, 0.0, running / p.pp], [0.0, 0.0, _running_context(protocol, isl, osl)],
             [max(wave_tokens / new, 1.0) * p.dp, p.dp, 1.0])
     parts = (*sm.step_parts(*args), sm.kernel_floor_s(*args))
     steps = {kind: tuple(part[i] for part in parts)
@@ -205,7 +211,7 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
     """The same for a disaggregated run: prefill steps on a prefill worker, decode steps on a
     decode worker, the KV transfer between them, and the worker counts (inferred where None)."""
     new = float(isl - prefix_tokens)
-    cap = _kv_limit(dec, isl, osl)
+    cap = _kv_limit(dec, isl, osl, protocol)
     if float(pre.kv_capacity_tokens(isl)) < isl:
         raise Infeasible(f"prefill workers under {pre.plan.label()} cannot hold one prompt of "
                          f"{isl} tokens")
@@ -215,7 +221,7 @@ def disagg_components(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: 
     budget = float(max_num_batched_tokens)
     chunk = min(budget, new)
     dp = pre.plan.dp
-    decode_args = (0, 0, per_worker / dec.plan.pp, isl + osl / 2.0)
+    decode_args = (0, 0, per_worker / dec.plan.pp, _running_context(protocol, isl, osl))
     decode = (*dec.step_parts(*decode_args), dec.kernel_floor_s(*decode_args))
     # a single prompt, and a full step of budget tokens (what a busy prefill server runs)
     one_args = ([chunk * dp, budget * dp], isl, 0.0, 0.0, [dp, max(budget / new, 1.0) * dp])
@@ -273,9 +279,10 @@ def aggregated(sm: StepModel, isl: int, osl: int, concurrency: int, prefix_token
     comp = agg_components(sm, isl, osl, concurrency, prefix_tokens, max_num_batched_tokens,
                           protocol, engine)
     ttft, tpot, x = _run(comp, sm, arrival)
-    # at the occupancy admission counts (`_kv_limit`: prompt + half the output), which the
+    # at the occupancy admission counts (`_kv_limit`: the running batch's mean context), which the
     # running sequences fill at most; at their full length they would overstate the pool
-    memory = float(sm.memory_bytes_per_gpu(comp["running_seqs"], isl + osl / 2.0))
+    memory = float(sm.memory_bytes_per_gpu(comp["running_seqs"],
+                                           _running_context(protocol, isl, osl)))
     return _result(ttft, tpot, x, isl, osl, sm.gpus, memory,
                    {"kv_capacity_tokens": comp["max_running_seqs"] * (isl + osl),
                     "running_seqs": comp["running_seqs"], "mode": "aggregated", "arrival": arrival,
@@ -294,7 +301,8 @@ def disaggregated(pre: StepModel, dec: StepModel, d: Disagg, isl: int, osl: int,
     n_pre, n_dec = int(comp["prefill_workers"]), int(comp["decode_workers"])
     gpus = pre.gpus * n_pre + dec.gpus * n_dec
     memory = max(float(pre.memory_bytes_per_gpu(1, isl)),
-                 float(dec.memory_bytes_per_gpu(comp["running_seqs"] / n_dec, isl + osl / 2.0)))
+                 float(dec.memory_bytes_per_gpu(comp["running_seqs"] / n_dec,
+                                                _running_context(protocol, isl, osl))))
     return _result(ttft, tpot, x, isl, osl, gpus, memory,
                    {"mode": "disaggregated", "arrival": arrival,
                     "kv_transfer_ms": comp["kv_transfer_s"] * 1e3, "prefill_plan": pre.plan.label(),
@@ -350,7 +358,8 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
     if breakdown:
         out["breakdown"] = {}
         for role, sm in models.items():
-            dec_b = sm.breakdown(0, 0, max(per_decoder, 1.0), isl + osl / 2.0)
+            dec_b = sm.breakdown(0, 0, max(per_decoder, 1.0),
+                                 _running_context(protocol, isl, osl))
             pre_b = sm.breakdown(min(isl - prefix_tokens, max_num_batched_tokens), isl, 0, 0)
             out["breakdown"][role] = {"decode_step": _trim(dec_b), "prefill_step": _trim(pre_b)}
         b = out["breakdown"].get("step") or out["breakdown"]["decode"]

@@ -9,6 +9,8 @@ import functools
 
 import numpy as np
 
+from model.perf.expert_balance import expected_max_normal
+
 
 def kingman_wait_s(rho: float, mean_service_s: float, cs2: float, ca2: float = 1.0) -> float:
     """Mean wait in a G/G/1 queue: (ca²+cs²)/2 · ρ/(1-ρ) · E[S]; equals P-K for ca² = 1."""
@@ -222,22 +224,13 @@ def expected_max_poisson(mean, n: int):
         out = np.empty_like(m)
         big = m > 400.0
         if np.any(big):
-            out[big] = m[big] + np.sqrt(m[big]) * _expected_max_normal(n)
+            out[big] = m[big] + np.sqrt(m[big]) * expected_max_normal(n)
         small = m[~big]
         if small.size:
             top = float(small.max())
             k = np.arange(int(top + 12.0 * np.sqrt(top) + 12.0))
             out[~big] = np.sum(1.0 - poisson.cdf(k, small[..., None]) ** n, axis=-1)
     return float(out) if np.ndim(mean) == 0 else out
-
-
-@functools.lru_cache(maxsize=64)
-def _expected_max_normal(n: int) -> float:
-    """E[max of n iid N(0, 1)]."""
-    from scipy.stats import norm
-
-    z = np.linspace(-8.0, 8.0, 4001)
-    return float(np.sum(1.0 - norm.cdf(z) ** n) * (z[1] - z[0])) - 8.0
 
 
 # balls at which expected_max_occupancy is evaluated: every count to 64, then geometric (the
@@ -272,7 +265,7 @@ def _max_occupancy(balls: int, bins: int) -> float:
 
     t = balls / bins
     if t > EXACT_OCCUPANCY:  # the normal limit, as in expected_max_poisson
-        return t + np.sqrt(t) * _expected_max_normal(bins)
+        return t + np.sqrt(t) * expected_max_normal(bins)
     r_lo = int(np.ceil(t))
     r_hi = min(balls, int(t + 12.0 * np.sqrt(t) + 12.0))
     pmf = poisson.pmf(np.arange(r_hi + 1), t)

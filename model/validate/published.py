@@ -17,6 +17,10 @@ replicas side by side. The concurrency of the closed loop:
   row's limits (MLPerf states them as p99: the mean is held to the p99 limit); none meets them:
   the row is skipped with that reason.
 
+Rows from a dataset whose requests run to their own lengths state `decode_context_share`: the
+running decode batch's mean context beyond the mean prompt, in mean outputs, from the dataset's
+per-sample lengths (model.serve.closed_loop.Protocol.running_context; blank: fixed lengths, 0.5).
+
 A row the model cannot map (no published mean input length, a deployment the model refuses, a
 KV pool too small) carries a skip_reason and no prediction. Errors are predicted / measured - 1.
 `python -m model.validate.published` prints the runs and the error figures as JSON.
@@ -66,15 +70,18 @@ def _inputs(model: str, chip: str):
 
 def _estimate(row: dict, concurrency: int) -> dict:
     """`estimate` of one replica of the row's deployment at `concurrency` clients."""
+    from model.serve.closed_loop import Protocol
     from model.serve.estimate import estimate
     from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 
     arch, hw = _inputs(row["model"], row["chip"])
     budget_tokens = int(_number(row["max_num_batched_tokens"]) or MAX_NUM_BATCHED_TOKENS)
+    share = _number(row["decode_context_share"])
+    protocol = Protocol() if share is None else Protocol(decode_context_share=share)
     return estimate(arch, hw, _plan(row), int(float(row["isl_mean"])),
                     int(round(float(row["osl_mean"]))), concurrency, precision=row["weights"],
                     kv_dtype=row["kv_dtype"], backend=row["backend"],
-                    max_num_batched_tokens=budget_tokens)
+                    max_num_batched_tokens=budget_tokens, protocol=protocol)
 
 
 def _meets_limits(row: dict, out: dict) -> bool:

@@ -24,19 +24,32 @@ def register(app: typer.Typer) -> None:
     app.command("check")(check_cmd)
 
 
-def _plan(tp, pp, dp, ep, moe_tp, pcp=1, dcp=1, sp=False) -> ParallelPlan:
+def _plan(tp, pp, dp, ep, moe_tp, pcp=1, dcp=1, sp=False, redundant_experts=0,
+          attention_dp=False) -> ParallelPlan:
     """A plan from the command line; --moe-tp defaults to the GPUs of the stage not used by
-    --ep."""
-    from model.perf.parallel import ParallelPlan  # loads sympy: only when a command runs
+    --ep. With `attention_dp` the degrees are written as SGLang and TensorRT-LLM write them:
+    --tp counts every GPU of the stage and --dp of them run attention data-parallel
+    (model.perf.parallel.attention_dp_plan)."""
+    from model.perf.parallel import ParallelPlan, attention_dp_plan  # loads sympy: only on use
 
+    if attention_dp:
+        plan = attention_dp_plan(1 if tp is None else tp, dp, ep, pp, redundant_experts)
+        return replace(plan, pcp=pcp, dcp=dcp, sp=sp,
+                       moe_tp=plan.moe_tp if moe_tp is None else moe_tp)
     plan = ParallelPlan(tp=1 if tp is None else tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1,
-                        pcp=pcp, dcp=dcp, sp=sp)
+                        pcp=pcp, dcp=dcp, sp=sp, redundant_experts=redundant_experts)
     if moe_tp is not None:
         return plan
     gpus = plan.attention_gpus
     if gpus % plan.ep:
         raise ServecastError(f"--ep {plan.ep} does not divide tp*dp*pcp = {gpus}")
     return replace(plan, moe_tp=gpus // plan.ep)
+
+
+ATTENTION_DP_HELP = ("--tp counts every GPU and --dp of them run attention data-parallel "
+                     "(SGLang --enable-dp-attention; TensorRT-LLM enable_attention_dp: --dp "
+                     "defaults to --tp)")
+REDUNDANT_HELP = "redundant experts (EPLB): experts + N must divide by --ep"
 
 
 def estimate_cmd(
@@ -52,15 +65,23 @@ def estimate_cmd(
     tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1, dcp: int = 1, pcp: int = 1,
     moe_tp: int = typer.Option(None, "--moe-tp", min=1, help="default: tp*dp*pcp/ep"),
     sp: bool = typer.Option(False, "--sp", help="sequence parallel norms (RS+AG for AR)"),
+    attention_dp: bool = typer.Option(False, "--attention-dp", help=ATTENTION_DP_HELP),
+    redundant_experts: int = typer.Option(0, "--redundant-experts", min=0, help=REDUNDANT_HELP),
     prefix: int = typer.Option(0, "--prefix", min=0, help="prompt tokens already in the prefix cache"),
     prefill_tp: int | None = None, prefill_pp: int = 1, prefill_dp: int = 1, prefill_ep: int = 1,
     prefill_moe_tp: int | None = typer.Option(None, "--prefill-moe-tp", min=1),
     prefill_pcp: int = 1,
+    prefill_attention_dp: bool = typer.Option(False, "--prefill-attention-dp",
+                                              help=ATTENTION_DP_HELP),
+    prefill_redundant_experts: int = typer.Option(0, "--prefill-redundant-experts", min=0),
     prefill_workers: int | None = typer.Option(None, "--prefill-workers", min=1),
     decode_tp: int | None = None, decode_pp: int = 1, decode_dp: int = 1, decode_ep: int = 1,
     decode_moe_tp: int | None = typer.Option(None, "--decode-moe-tp", min=1),
     decode_dcp: int = 1,
     decode_workers: int | None = typer.Option(None, "--decode-workers", min=1),
+    decode_redundant_experts: int = typer.Option(0, "--decode-redundant-experts", min=0),
+    decode_attention_dp: bool = typer.Option(False, "--decode-attention-dp",
+                                             help=ATTENTION_DP_HELP),
     max_num_batched_tokens: int = typer.Option(MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens",
                                                min=1),
     arrival: str = typer.Option("benchmark", "--arrival", help=ARRIVAL_HELP),
@@ -76,23 +97,29 @@ def estimate_cmd(
 ) -> None:
     """Predict TTFT, TPOT and throughput of a deployment under closed-loop concurrency
     (disaggregated when any --prefill-* / --decode-* option is given)."""
+    from model.perf.parallel import check_redundant_experts
     from model.serve.estimate import Disagg, estimate  # the model loads only when a command runs
+    from model.specs.architecture import load_architecture, within_window
+    from model.specs.hardware import load_hardware
+
+    model = load_architecture(arch)
     disagg = None
     if any(v is not None for v in (prefill_tp, decode_tp, prefill_workers, decode_workers)) or any(
             v != 1 for v in (prefill_pp, prefill_dp, prefill_ep, prefill_pcp, decode_pp,
                              decode_dp, decode_ep, decode_dcp)):
         disagg = Disagg(_plan(prefill_tp, prefill_pp, prefill_dp, prefill_ep, prefill_moe_tp,
-                              pcp=prefill_pcp),
+                              pcp=prefill_pcp, redundant_experts=prefill_redundant_experts,
+                              attention_dp=prefill_attention_dp),
                         _plan(decode_tp, decode_pp, decode_dp, decode_ep, decode_moe_tp,
-                              dcp=decode_dcp),
+                              dcp=decode_dcp, redundant_experts=decode_redundant_experts,
+                              attention_dp=decode_attention_dp),
                         prefill_workers or 1, decode_workers or 1)
-    from model.specs.architecture import load_architecture, within_window
-    from model.specs.hardware import load_hardware
-
-    model = load_architecture(arch)
+        check_redundant_experts(model, disagg.prefill_plan, "--prefill-redundant-experts")
+        check_redundant_experts(model, disagg.decode_plan, "--decode-redundant-experts")
+    plan = _plan(tp, pp, dp, ep, moe_tp, pcp, dcp, sp, redundant_experts, attention_dp)
+    check_redundant_experts(model, plan)
     beyond = within_window(model, isl + osl, "--isl + --osl", allow_beyond_window)
-    out = estimate(model, load_hardware(hardware),
-                   _plan(tp, pp, dp, ep, moe_tp, pcp, dcp, sp), isl, osl, concurrency,
+    out = estimate(model, load_hardware(hardware), plan, isl, osl, concurrency,
                    precision=precision, prefix_tokens=prefix, disagg=disagg, kv_dtype=kv_dtype,
                    backend=backend, breakdown=breakdown,
                    max_num_batched_tokens=max_num_batched_tokens, moe_precision=moe_precision,

@@ -3,10 +3,13 @@ the serving model (closed form and its discrete-event oracle) from the command l
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import typer
 
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit, positive
+from model.frontends.cli.perf import ATTENTION_DP_HELP, REDUNDANT_HELP
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
 from model.specs.errors import ServecastError
 
@@ -111,6 +114,9 @@ def register(app: typer.Typer) -> None:
         dp: int = typer.Option(1, "--dp"), ep: int = typer.Option(1, "--ep"),
         moe_tp: int = typer.Option(None, "--moe-tp", min=1),
         dcp: int = typer.Option(1, "--dcp"), pcp: int = typer.Option(1, "--pcp"),
+        attention_dp: bool = typer.Option(False, "--attention-dp", help=ATTENTION_DP_HELP),
+        redundant_experts: int = typer.Option(0, "--redundant-experts", min=0,
+                                              help=REDUNDANT_HELP),
         spec_tokens: int = typer.Option(0, "--spec-tokens", min=0, help="MTP draft tokens per step"),
         spec_acceptance: float = typer.Option(0.0, "--spec-acceptance", min=0.0, max=1.0,
                                               help="per-position draft acceptance rate"),
@@ -137,7 +143,6 @@ def register(app: typer.Typer) -> None:
         """The full tier of one replica of the --tp/--dp/... plan or, with --deployment, of a whole
         deployment (what `plan --deployment` reports): TTFT/TPOT percentiles, interactivity,
         TPGS."""
-        from model.perf.parallel import ParallelPlan  # the model loads only when it runs
         from model.serve.policy import EnginePolicy
         from model.specs.workload import load_workload
 
@@ -149,9 +154,8 @@ def register(app: typer.Typer) -> None:
         cache = {"hit_rate": hit_rate, "infinite": infinite_cache, "policy": cache_policy,
                  "tiers": tiers, "prefetch": prefetch_reload}
         if deployment is None:  # one replica of the flags' plan
-            deployment = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1, pcp=pcp,
-                                      dcp=dcp).label()
-            deployment = f"1x[{deployment}]"
+            deployment = _replica_label(arch, (tp, pp, dp, ep, moe_tp, pcp, dcp), attention_dp,
+                                        redundant_experts)
         out, setup, dep = _serve_deployment(
             arch, hardware, w, deployment, gpus, prefill_hardware, policy, load, cache,
             (precision, kv_dtype, spec_tokens, spec_acceptance, recipe), seed,
@@ -163,6 +167,27 @@ def register(app: typer.Typer) -> None:
             out["simulated"] = _simulated(setup, dep, w, policy, load, simulate_s, seed,
                                           out.get("hit_rate"), cache)
         emit(out, as_json)
+
+
+def _replica_label(arch: str, degrees: tuple, attention_dp: bool, redundant_experts: int
+                   ) -> str:
+    """`1x[plan]` of the --tp/--pp/--dp/--ep/--moe-tp/--pcp/--dcp flags (with --attention-dp:
+    written as SGLang and TensorRT-LLM write it), its redundant experts checked."""
+    from model.perf.parallel import (  # the model loads only when it runs
+        ParallelPlan,
+        attention_dp_plan,
+        check_redundant_experts,
+    )
+    from model.specs.architecture import load_architecture
+
+    tp, pp, dp, ep, moe_tp, pcp, dcp = degrees
+    if attention_dp:
+        plan = replace(attention_dp_plan(tp, dp, ep, pp, redundant_experts), pcp=pcp, dcp=dcp)
+    else:
+        plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp or 1, pcp=pcp, dcp=dcp,
+                            redundant_experts=redundant_experts)
+    check_redundant_experts(load_architecture(arch), plan)
+    return f"1x[{plan.label()}]"
 
 
 def _simulated(setup, dep, w, policy, load, duration_s: float, seed: int, hit_rate,
