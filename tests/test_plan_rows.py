@@ -102,10 +102,16 @@ def test_deepseek_v4_pro_on_12_gb300_row():
     best = r.best
     assert best["tpgs"] == pytest.approx(post["tpgs"], rel=0.25)
     assert best["mode"] == "disaggregated" and best["gpus"] == 12
-    # the post's shape, held at the SLO by its one prefill worker, not by decode
-    assert (best["plan"], best["x"], best["y"]) == ("dp4-ep4", 1, 1)
+    # the post's shape: one 4-GPU prefill worker and one DEP8 decode worker, held at the SLO by
+    # its prefill worker, not by decode. With EP load imbalance priced (model.perf.expert_balance)
+    # the prefill worker's MoE-TP4 and EP4 layouts come within 2% of each other, so either is
+    # the post's shape; the post's own DEP4 meets the SLO within 2% of the best.
+    assert best["plan"] in ("dp4-ep4", "dp4-moetp4") and (best["x"], best["y"]) == (1, 1)
     assert r.deployment.decode.plan.dp == 8
     assert best["limit"] == "prefill_rate" and best["concurrency"] >= post["concurrency"]
+    dep4 = plan("deepseek-v4-pro", "gb300-nvl72", None, WORKLOAD, SLO,
+                deployment="1P[dp4-ep4]1D[dp8-ep8]")
+    assert dep4.best["meets_slo"] and dep4.best["tpgs"] == pytest.approx(best["tpgs"], rel=0.02)
     # at the post's 256 sessions the same shape meets the SLO too
     at_post = plan("deepseek-v4-pro", "gb300-nvl72", 12, WORKLOAD, SLO,
                    deployment="1P[dp4-ep4]1D[dp8-ep8]", concurrency=[256])
