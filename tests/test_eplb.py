@@ -25,37 +25,30 @@ from model.specs.dtypes import dtype
 from model.specs.errors import Infeasible, ServecastError
 from model.specs.hardware import load_hardware
 
-
-@pytest.fixture(scope="module")
-def r1():
-    return load_architecture("deepseek-r1")
+R1 = load_architecture("deepseek-r1")  # 256 routed experts, 128 attention heads
+NVL72 = load_hardware("gb200-nvl72")  # a 72-GPU scale-up domain
 
 
-@pytest.fixture(scope="module")
-def nvl72():
-    return load_hardware("gb200-nvl72")
-
-
-def test_ep72_with_32_redundant_experts_holds_4_per_rank(r1, nvl72):
+def test_ep72_with_32_redundant_experts_holds_4_per_rank():
     # DeepSeek-R1: 256 routed experts (HF config n_routed_experts); 256 + 32 = 288 = 72 x 4, the
     # 288-slot layout of the SGLang large-scale EP blog (lmsys.org/blog/2025-05-05-large-scale-ep)
     plan = ParallelPlan(dp=72, ep=72, redundant_experts=32)
-    validate_plan(r1, nvl72, plan)
+    validate_plan(R1, NVL72, plan)
     assert experts_per_rank(256, plan) == 4
     assert plan.label() == "dp72-ep72-eplb32"
 
 
-def test_ep72_without_redundancy_is_refused_naming_the_counts_that_divide(r1, nvl72):
+def test_ep72_without_redundancy_is_refused_naming_the_counts_that_divide():
     with pytest.raises(Infeasible, match=r"256 experts not divisible by ep=72 .*: 32, 104"):
-        validate_plan(r1, nvl72, ParallelPlan(dp=72, ep=72))
+        validate_plan(R1, NVL72, ParallelPlan(dp=72, ep=72))
 
 
-def test_redundant_copies_count_in_the_weights(r1):
+def test_redundant_copies_count_in_the_weights():
     # each redundant expert of each of the 58 MoE layers (61 layers, first_k_dense_replace 3)
     # holds 3 x 7168 x 2048 fp8-block weights; 32 of them spread over 72 ranks
     per_expert = 3 * 7168 * 2048 * dtype("fp8_block").bytes
-    extra = (weight_bytes_per_gpu(r1, ParallelPlan(dp=72, ep=72, redundant_experts=32))
-             - weight_bytes_per_gpu(r1, ParallelPlan(dp=72, ep=72)))
+    extra = (weight_bytes_per_gpu(R1, ParallelPlan(dp=72, ep=72, redundant_experts=32))
+             - weight_bytes_per_gpu(R1, ParallelPlan(dp=72, ep=72)))
     assert extra == pytest.approx(58 * 32 * per_expert / 72, rel=1e-9)
 
 
@@ -68,12 +61,12 @@ def test_hot_rank_reproduces_the_tensorrt_llm_measurements():
     assert float(hot_rank_load_factor(1, 256, 0, 1024)) == 1.0
 
 
-def test_redundant_experts_speed_up_a_compute_bound_moe_layer(r1, nvl72):
+def test_redundant_experts_speed_up_a_compute_bound_moe_layer():
     # 32 prompts of 4096 tokens on EP32: each rank's grouped GEMMs are compute-bound, so the
     # busiest rank's share of the routed pairs sets the MoE time; EPLB lowers that share more
     # than its ninth expert per rank costs
     def moe_s(redundant):
-        model = build_step_model(r1, nvl72, ParallelPlan(dp=32, ep=32,
+        model = build_step_model(R1, NVL72, ParallelPlan(dp=32, ep=32,
                                                          redundant_experts=redundant),
                                  precision="fp8", check_fit=False)
         return float(model.step_parts(32 * 4096, 4096, 0, 0, 32)[2])
@@ -87,8 +80,8 @@ def test_redundant_experts_speed_up_a_compute_bound_moe_layer(r1, nvl72):
     assert load_ratio < moe_s(32) / moe_s(0) < 0.7
 
 
-def test_the_search_offers_ep72_with_redundant_experts(r1, nvl72):
-    labels = {p.label() for p in enumerate_plans(r1, nvl72, 72, "decode")}
+def test_the_search_offers_ep72_with_redundant_experts():
+    labels = {p.label() for p in enumerate_plans(R1, NVL72, 72, "decode")}
     assert "dp72-ep72-eplb32" in labels
 
 
@@ -108,18 +101,18 @@ def test_labels_and_launch_flags_carry_the_redundant_experts():
     assert flags[flags.index("--eplb-config") + 1] == json.dumps({"num_redundant_experts": 32})
 
 
-def test_tp48_with_attention_dp_is_accepted_with_whole_heads_per_rank(r1, nvl72):
+def test_tp48_with_attention_dp_is_accepted_with_whole_heads_per_rank():
     # SGLang `--tp 48 --enable-dp-attention --dp 48 --ep 48`: attention data-parallel on 48
     # ranks, each with all 128 heads of DeepSeek-R1 (num_attention_heads 128); EP48 over the
     # same GPUs needs 32 redundant experts (288 = 48 x 6)
     plan = attention_dp_plan(48, 48, 48, redundant_experts=32)
     assert plan == ParallelPlan(tp=1, dp=48, ep=48, moe_tp=1, redundant_experts=32)
-    validate_plan(r1, nvl72, plan)
-    att = r1.main_layers[0].attention
+    validate_plan(R1, NVL72, plan)
+    att = R1.main_layers[0].attention
     heads_split, _ = decode_attention_split(att, plan)
     assert att.num_heads // heads_split == 128
     with pytest.raises(Infeasible, match="128 attention heads not divisible by tp=48"):
-        validate_plan(r1, nvl72, ParallelPlan(tp=48, ep=48, moe_tp=1, redundant_experts=32))
+        validate_plan(R1, NVL72, ParallelPlan(tp=48, ep=48, moe_tp=1, redundant_experts=32))
 
 
 def test_attention_dp_mappings_of_the_engines():
