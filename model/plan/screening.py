@@ -231,7 +231,7 @@ def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_t
                            which, decode_gpus, decode_seqs_cap, x, y, concurrency,
                            traffic: Traffic, chunk_tokens, kv_bytes_per_token: float,
                            link_bytes_per_s: float, tokens_per_step=1.0, miss_tokens=0.0,
-                           lower_tier_s=0.0) -> dict:
+                           lower_tier_s=0.0, decode_pp=1.0) -> dict:
     """Closed loop of `concurrency` lanes over x prefill and y decode instances, all arguments
     broadcastable arrays (one entry per candidate); returns flattened arrays.
 
@@ -245,13 +245,17 @@ def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_t
     max_num_seqs): lanes beyond it wait for a decode slot, and a prefill pool near saturation
     absorbs them in its M/D/1 wait.
     Finite cache: `miss_tokens` per request are recomputed (prefill work), `lower_tier_s` per
-    request reloads lower-tier hits before the prefill."""
+    request reloads lower-tier hits before the prefill. A decode plan with `decode_pp` stages
+    keeps that many microbatches in flight: its step is the pass of b / pp sequences
+    (model.perf.microbatch)."""
     args = np.broadcast_arrays(*(np.asarray(a, float) for a in (
         prefill_step_s, prefill_gpus, prefill_senders, which, decode_gpus, decode_seqs_cap, x, y,
-        concurrency, chunk_tokens, tokens_per_step, miss_tokens, lower_tier_s)))
-    t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower = (
+        concurrency, chunk_tokens, tokens_per_step, miss_tokens, lower_tier_s, decode_pp)))
+    t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower, pp = (
         np.atleast_1d(a) for a in args)  # candidates are indexed (the root finder's subsets)
     which = which.astype(int)
+    # b: decoding sequences per microbatch lane, y * pp lanes of at most b_cap / pp each
+    y_mb, cap_mb = y * pp, b_cap / pp
     u, o, s = (traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens,
                traffic.mean_context_tokens)
     thr_p = chunk / t_p  # prefill tokens/s per instance
@@ -268,16 +272,16 @@ def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_t
         """(decode step, request rate, prefill wait, lanes held) at b decoding sequences per
         decode instance; `idx` selects candidates (the root finder's still-active ones)."""
         step = decode_table.decode(b, which[idx])
-        r = y[idx] * b * tps[idx] / (o * step)
+        r = y_mb[idx] * b * tps[idx] / (o * step)
         wait = pk_wait_s(r / x[idx], service[idx], service_sq[idx])
         active = fixed[idx] + wait + o / tps[idx] * step
         return step, r, wait, r * (active + idle_gap(active, idx))
 
-    top = np.maximum(b_cap, 1e-3)  # the decode cap, evaluated once
+    top = np.maximum(cap_mb, 1e-3)  # the decode cap, evaluated once
     cap_step, _, _, cap_held = state(top)
     at_cap = cap_held <= conc
     b = np.where(at_cap, top, _decode_batch_root(state, decode_table.decode(0.0, which), top,
-                                                  cap_step, fixed, o / tps, idle_gap, y, conc))
+                                                  cap_step, fixed, o / tps, idle_gap, y_mb, conc))
     step, rate, wait, held = state(b)
     active = fixed + wait + o / tps * step
     queue = np.where(at_cap, np.maximum(conc / np.maximum(rate, 1e-300) - active
@@ -285,18 +289,18 @@ def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_t
     hand_p90 = kv_transfer_time_s(traffic.p90_uncached_tokens + miss, kv_bytes_per_token,
                                   link_bytes_per_s, senders)
     rho = rate / (x * lam_p)
-    step_p90 = step + Z90 * _batch_step_sd(decode_table, which, b, conc / y, at_cap, traffic, tps) \
-        + np.where(at_cap, 0.0, _tagged_shift(decode_table, b, conc / y, which, step))
+    step_p90 = step + Z90 * _batch_step_sd(decode_table, which, b, conc / y_mb, at_cap, traffic, tps) \
+        + np.where(at_cap, 0.0, _tagged_shift(decode_table, b, conc / y_mb, which, step))
     # own prefill + FCFS wait at the P90 (token-sized steps: cap 1)
     ttft_p90 = traffic.fcfs_p90_chunks(1.0, np.minimum(rho, 0.999), miss) / thr_p + hand_p90 \
         + lower + queue
     gpus = x * g_p + y * g_d
     limit = np.where(at_cap, "decode_rate", np.where(rho > 0.95, "prefill_rate", "lanes"))
-    out = {"x": x.astype(int), "y": y.astype(int), "decode_batch": b, "decode_batch_cap": b_cap,
+    out = {"x": x.astype(int), "y": y.astype(int), "decode_batch": b * pp, "decode_batch_cap": b_cap,
            "tpgs": rate * (s + o) / gpus, "p90_interactivity_tok_s": tps / step_p90,
            "p90_ttft_s": ttft_p90, "mean_ttft_s": service + wait + hand_mean + lower + queue,
            "rate_rps": rate, "gpus": gpus.astype(int), "concurrency": conc,
-           "prefill_rps": x * lam_p, "decode_rps": y * top * tps / (o * cap_step),
+           "prefill_rps": x * lam_p, "decode_rps": y_mb * top * tps / (o * cap_step),
            "step_time_s": step, "limit": limit,
            "feasible": (b_cap >= 1.0) & np.isfinite(ttft_p90)}
     return {k: np.ravel(v) for k, v in out.items()}

@@ -186,7 +186,9 @@ def search_disaggregated(prefill_models, decode_models, traffic: Traffic, gpus: 
     # decode-only workers run slower than the same batch in an aggregated engine
     # (EngineFactors.disagg_decode_scale, fitted on the recorded disaggregated runs)
     d_scale = np.array([pm.step.factors.disagg_decode_scale for pm in decode_models])
-    steps = np.array([step_table(pm)(0.0, b) for pm, b in zip(decode_models, batches, strict=True)])
+    # a pp-stage decode worker passes its batch as pp microbatches (model.perf.microbatch)
+    steps = np.array([step_table(pm)(0.0, b / pm.plan.pp)
+                      for pm, b in zip(decode_models, batches, strict=True)])
     steps = steps * d_scale[:, None]
     tps = np.array([pm.tokens_per_step for pm in decode_models])
     kv_batch = np.array([pm.kv_tokens / traffic.mean_context_tokens for pm in decode_models])
@@ -252,9 +254,10 @@ def _disaggregated_frame(combo, prefill_models, decode_models, table: StepTable,
     p_gpus = np.array([pm.plan.gpus for pm in prefill_models], float)
     senders = np.array([pm.plan.attention_gpus for pm in prefill_models], float)
     d_gpus = np.array([pm.plan.gpus for pm in decode_models], float)
+    d_pp = np.array([pm.plan.pp for pm in decode_models], float)
     r = screen_disaggregated(t_p[pi], p_gpus[pi], senders[pi], table, di, d_gpus[di],
-                               b_cap[di], x, y, c, traffic, chunk_p[pi], kv_bytes_per_token,
-                               link_bytes_per_s, tps[di], miss, lower_s)
+                             b_cap[di], x, y, c, traffic, chunk_p[pi], kv_bytes_per_token,
+                             link_bytes_per_s, tps[di], miss, lower_s, d_pp[di])
     p_labels = np.array([pm.plan.label() for pm in prefill_models], object)
     d_labels = np.array([pm.plan.label() for pm in decode_models], object)
     p_ids = np.array(prefill_models, object)

@@ -28,11 +28,12 @@ with one it is spread thinly over many steps.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
+from model.perf.microbatch import pipeline_lanes
 from model.serve.cache_effect import CacheEffect, deployment_cache
 from model.serve.e2e_law import e2e_interactivity
 from model.serve.load_rate import (
@@ -144,7 +145,8 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     `hit_rate`: token-weighted prefix-cache hit (default: the profile's own, i.e. an infinite
     per-session cache; pass model.serve.cache_replay / model.serve.cache_model's number to plug
     in a finite cache). `dp_ranks`: lock-stepped attention ranks (default: step_model.plan.dp,
-    else 1); the load is spread evenly over them. SLO arguments add goodput (requests/s meeting
+    else 1, times pp microbatch lanes for a pipeline-parallel plan, model.perf.microbatch); the
+    load is spread evenly over them. SLO arguments add goodput (requests/s meeting
     both). `mix_size`, `seed`: the request sample (model.serve.request_mix).
     `cache`: the prefix cache (model.serve.cache_effect.CacheEffect). Default (None, no
     `hit_rate`): when `step_model` describes a deployment (arch, hw, plan) and the workload is
@@ -153,7 +155,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     their reload time to TTFT (less the gap before the request with `prefetch_reload`).
     `cache=False`: the profile's own hit (an infinite per-session cache).
     """
-    dp = int(dp_ranks or getattr(getattr(step_model, "plan", None), "dp", 1) or 1)
+    lanes_model, dp = (step_model, int(dp_ranks)) if dp_ranks else pipeline_lanes(step_model)
     if isinstance(load, TraceArrivals):
         if hit_rate is not None:
             raise ServecastError("serve: hit_rate: a trace replay brings its own cache hits")
@@ -162,7 +164,8 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     elif cache is None and hit_rate is None:
         cache = deployment_cache(step_model, workload, live_sessions(workload, load, seed),
                                  cache_policy, cache_tiers, prefetch_reload)
-    eng = _engine(step_model, workload, policy, load, dp, hit_rate, mix_size, seed, cache)
+    eng = _engine(lanes_model, workload, _lane_policy(policy, dp_ranks, step_model), load, dp,
+                  hit_rate, mix_size, seed, cache)
     try:
         return _solved(eng, load, dp, policy, cache, slo_p90_interactivity, slo_ttft_s)
     except (np.linalg.LinAlgError, FloatingPointError, ZeroDivisionError) as err:
@@ -170,6 +173,15 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
         # (a load far past any step the tables hold): a stated result, no number
         return _unstable(f"unstable: the queue solver failed ({err})", eng.sample.hit_rate,
                          policy)
+
+
+def _lane_policy(policy: EnginePolicy, dp_ranks: int | None, step_model) -> EnginePolicy:
+    """The policy one lane runs: with pp microbatches in flight a DP rank's max_num_seqs
+    running requests are shared by its pp lanes."""
+    pp = int(getattr(getattr(step_model, "plan", None), "pp", 1) or 1)
+    if dp_ranks or pp == 1:
+        return policy
+    return replace(policy, max_num_seqs=max(policy.max_num_seqs // pp, 1))
 
 
 def _solved(eng: RankEngine, load: Load, dp: int, policy: EnginePolicy, cache,

@@ -24,7 +24,8 @@ Per request i of the mix (context c_i, uncached u_i, output o_i, gap z_i), with 
   stretch (ca² + cs²) / (1 + cs²) for bursty arrivals.
 - KV hand-off H_i = `kv_transfer_time_s(u_i)` (model.serve.handoff): the turn's new tokens over
   the prefill GPUs' NICs.
-- Decode. Requests spread over y·dp_D decode ranks at x_D = X / (y dp_D); a request decodes
+- Decode. Requests spread over y·dp_D decode ranks at x_D = X / (y dp_D) (a pp_D > 1 worker:
+  dp_D pp_D lanes of microbatches, model.perf.microbatch); a request decodes
   w_i = max(o_i - 1, 0) / q steps after its first. Per rank the time-average batch b solves
   b = x_D E[w] T_seen(b) (Little), T(b) = f_D step(0, 0, dp_D b, c_d) at the output-weighted decode
   context c_d, f_D the disaggregated decode engine factor (EngineFactors.disagg_decode_scale). A
@@ -51,6 +52,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri
 
+from model.perf.microbatch import pipeline_lanes
 from model.serve.cache_effect import CacheEffect, deployment_cache
 from model.serve.engine import ServingResult, request_mix_for
 from model.serve.finite_source import fcfs_wait_pmf
@@ -149,11 +151,13 @@ def build_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
                                  sender.plan.attention_gpus)
     q = float(getattr(decode.step_model, "tokens_per_decode_step", 1.0) or 1.0)
     steps = np.maximum(o - 1.0, 0.0) / q
-    batch, step_s, cap, bounded = decode_steps(decode.step_model, decode.ranks, policy, c, o,
-                                               steps)
+    # a pipeline-parallel decode worker runs pp microbatches in flight: dp * pp lanes
+    lanes_model, lanes = pipeline_lanes(decode.step_model)
+    batch, step_s, cap, bounded = decode_steps(lanes_model, lanes, policy, c, o, steps,
+                                               lanes // decode.ranks)
     reload = cache.reload_s(c, gap) if cache else np.zeros_like(c)
     return Pools(prefill.gpus + decode.gpus, prefill.count * prefill.ranks,
-                 decode.count * decode.ranks, decode.ranks, o, float(np.mean(c + o)), gap, reload, service,
+                 decode.count * lanes, lanes, o, float(np.mean(c + o)), gap, reload, service,
                  np.asarray(handoff, float), steps, q, batch, step_s, cap,
                  bounded, RequestMix(c, u, o, gap).hit_rate, cache or None)
 
@@ -262,17 +266,18 @@ def prefill_service(step_model, context_tokens, uncached_tokens,
 
 
 def decode_steps(step_model, ranks: int, policy: EnginePolicy, context_tokens, output_tokens,
-                 steps) -> tuple[np.ndarray, np.ndarray, float, str]:
+                 steps, microbatches: int = 1) -> tuple[np.ndarray, np.ndarray, float, str]:
     """(per-rank batches, decode step on each, the batch cap per rank, what sets it): the step
     of a decode-only worker at the output-weighted decode context, times the disaggregated
-    decode engine factor; the cap is max_num_seqs or the sequences the KV pool holds at the
-    mix's mean context plus output."""
+    decode engine factor; the cap is max_num_seqs (shared by a DP rank's `microbatches` lanes)
+    or the sequences the KV pool holds at the mix's mean context plus output."""
     c, o, w = (np.asarray(a, float) for a in (context_tokens, output_tokens, steps))
     c_d = float(np.sum(w * (c + o / 2.0)) / w.sum()) if w.sum() > 0 else float(c.mean())
     kv_tokens = float(np.asarray(step_model.kv_capacity_tokens(float(c.mean())))) / ranks
     kv_seqs = kv_tokens / float(np.mean(c + o))
-    cap, bounded = ((kv_seqs, "kv_capacity") if kv_seqs < policy.max_num_seqs
-                    else (float(policy.max_num_seqs), "max_num_seqs"))
+    seqs_cap = policy.max_num_seqs / microbatches
+    cap, bounded = ((kv_seqs, "kv_capacity") if kv_seqs < seqs_cap
+                    else (float(seqs_cap), "max_num_seqs"))
     top = max(cap, 1.0) + 2.0
     batch = np.unique(np.r_[0.0, np.arange(1.0, ranks) / ranks,
                             np.geomspace(1.0, top, 96)])
