@@ -151,6 +151,8 @@ def _window_shots(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
         lam = lam * share_runs
         k = full * iv
         heights = h_eff / iv
+        if k.size == 0:  # every prompt packs into the floor: no run extends a window
+            lam, k, heights = 0.0, np.ones(1), np.zeros(1)
     slope = 0.0
     b = bal.decode_batch
     if b > 1:
