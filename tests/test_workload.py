@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -201,3 +202,41 @@ def test_refit_from_the_derived_trace_reproduces_the_stored_profile():
     stored = load_workload("agentx-synthetic")
     assert fitted["hit_rate"] == pytest.approx(stored.hit_rate, abs=1e-4)
     assert fitted["turns_per_session"]["dist"]["x"] == list(stored.turns_per_session.dist.x)
+    # subagents run inside their parent's span in all but two of the 17 traces that have them
+    assert fitted["subagent_wall_share"] == stored.subagent_wall_share == pytest.approx(
+        0.0431, abs=1e-4)
+    for name in ("agentx", "agentx-v1"):
+        assert load_workload(name).subagent_wall_share == stored.subagent_wall_share
+
+
+def test_subagent_time_past_the_parent_span_is_what_lengthens_a_session():
+    """Two traces by hand: one subagent run (2 requests, 10 s of gaps plus responses) inside
+    its parent's 0-100 s span adds nothing; one (10 s) ending 4 s after its parent's last
+    response adds 4 s. Share: 4 / 20."""
+    from model.fit.workload import subagent_wall_share
+
+    rows = [("a", "main", 0.0, 5.0, 0.0), ("a", "main", 90.0, 10.0, 85.0),
+            ("a", "sa", 20.0, 2.0, 0.0), ("a", "sa", 30.0, 3.0, 5.0),
+            ("b", "main", 0.0, 6.0, 0.0), ("b", "sa", 0.0, 4.0, 0.0),
+            ("b", "sa", 8.0, 2.0, 4.0)]
+    frame = pd.DataFrame(rows, columns=["trace_id", "kind", "t_s", "api_time_s",
+                                        "think_time_s"])
+    assert subagent_wall_share(frame) == pytest.approx(4.0 / 20.0)
+
+
+def test_a_session_with_subagents_beside_it_is_more_request_chains():
+    """agentx-v1's closed loop: each session is 1 / E[w] chains, w = the wall share for
+    subagent requests and 1 for the parent's, and the chains' mean gap is E[w gap] / E[w]."""
+    from model.serve.request_mix import request_mix_for, request_sample
+    from model.specs.workload import ClosedLoop
+
+    w = load_workload("agentx-v1")
+    mix = request_mix_for(w)
+    weight = mix.wall_weight
+    share = float(np.mean(weight < 1.0))
+    assert 0.2 < share < 0.4  # subagent requests in the mix (44% of sessions spawn ~4 runs)
+    assert mix.lanes_per_session == pytest.approx(1.0 / (1.0 - share * (1.0 - 0.0431)),
+                                                  rel=1e-3)
+    sample = request_sample(mix, ClosedLoop(8))
+    capped = np.minimum(mix.gap_s, ClosedLoop(8).gap_cap_s)
+    assert sample.gap_s.mean() == pytest.approx(np.mean(weight * capped) / weight.mean())

@@ -120,10 +120,39 @@ def fit_agentx(traces_dir: Path) -> dict:
             "source": "fan-out rate: seed (vLLM AgentX post) / SemiAnalysis AgentX v1.0 "
                       "(44% of sessions, median 4 runs); run shapes: 042026 subagent requests",
         },
+        **wall_share_fields(req, src),
         "checks": {"median_turns": 43, "median_input_tokens": 142_000,
                    "median_output_tokens": 444, "hit_rate": 0.96,
                    "subagent_session_fraction": 0.44, "median_subagent_runs": 4},
     }
+
+
+def subagent_wall_share(req: pd.DataFrame) -> float:
+    """Share of subagent time that lengthens its session, over the traces with subagents: the
+    time a trace runs past its main chain's span (first main request to the last one's end),
+    at most its subagents' own time, over the subagents' time (their gaps plus responses).
+    A recorded parent keeps issuing turns, or waits inside its own tool gap, while its
+    subagents run, so a session's clock is its main chain's; subagents add load, not length."""
+    req = req.assign(end_s=req.t_s + req.api_time_s.fillna(0.0))
+    added, total = 0.0, 0.0
+    for _, trace in req.groupby("trace_id"):
+        sub, main = trace[trace.kind != "main"], trace[trace.kind == "main"]
+        if sub.empty or main.empty:
+            continue
+        own = float((sub.think_time_s.fillna(0.0) + sub.api_time_s.fillna(0.0)).sum())
+        past = trace.end_s.max() - trace.t_s.min() - (main.end_s.max() - main.t_s.min())
+        added += min(max(float(past), 0.0), own)
+        total += own
+    return added / total if total > 0 else 1.0
+
+
+def wall_share_fields(req: pd.DataFrame, src: str) -> dict:
+    """The profile fields of `subagent_wall_share`, with their source."""
+    traces = req.loc[req.kind != "main", "trace_id"].nunique()
+    return {"subagent_wall_share": round(subagent_wall_share(req), 4),
+            "subagent_wall_share_source": f"{src}: over the {traces} traces with subagents, "
+            "time past the main chain's span (at most the subagents' own) over subagent gaps "
+            "plus responses (model.fit.workload.subagent_wall_share)"}
 
 
 # AgentX v1.0 (cc-traces-weka-062126), the corpus the vLLM post's rows ran on, as SemiAnalysis

@@ -81,7 +81,8 @@ def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replica
         tokens_per_step, reload_s_per_token, miss_tokens)))
     which, dp, pp, replicas, conc, thr, interval, kv_cap, tps, reload_tok, miss = arrays
     which = which.astype(int)
-    c_r = conc / replicas
+    lanes = conc * traffic.lanes_per_session  # request chains (subagents beside the parent)
+    c_r = lanes / replicas
     budget = float(max_num_batched_tokens)  # per DP rank per (micro)step
     cap = np.where(thr > 0, np.minimum(thr, budget), budget)
     # evicted prefixes are recomputed: they lengthen the request's prefill (more chunks)
@@ -93,7 +94,7 @@ def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replica
     o_step = o / tps  # decode steps per turn
     b_kv = kv_cap / max(s, 1.0)  # decoding sequences whose KV fits
     if lower_tier_tokens is None:
-        resident = np.minimum(1.0, kv_cap / np.maximum(c_r * s, 1.0))
+        resident = np.minimum(1.0, kv_cap / np.maximum(conc / replicas * s, 1.0))
         reload = (1.0 - resident) * s * reload_tok  # offloaded sessions fetch their KV back
     else:
         reload = np.asarray(lower_tier_tokens, float) * reload_tok
@@ -101,7 +102,7 @@ def screen_aggregated(table: StepTable, traffic: Traffic, which, dp, pp, replica
     t = table.decode(np.maximum(c_r / 4, 1.0), which)
     t_chunk = t_quiet = t
     t_prev = g_prev = None
-    idle_gap = traffic.idle_gap(conc)
+    idle_gap = traffic.idle_gap(lanes)
     for it in range(iterations):
         ttft0 = _ttft(chunks_mean, t_chunk, t_quiet, pp, interval) + reload
         z = idle_gap(ttft0 + o_step * t)
@@ -254,6 +255,7 @@ def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_t
     t_p, g_p, senders, which, g_d, b_cap, x, y, conc, chunk, tps, miss, lower, pp = (
         np.atleast_1d(a) for a in args)  # candidates are indexed (the root finder's subsets)
     which = which.astype(int)
+    sessions, conc = conc, conc * traffic.lanes_per_session  # conc: request chains
     # b: decoding sequences per microbatch lane, y * pp lanes of at most b_cap / pp each
     y_mb, cap_mb = y * pp, b_cap / pp
     u, o, s = (traffic.mean_uncached_tokens + miss, traffic.mean_output_tokens,
@@ -299,7 +301,7 @@ def screen_disaggregated(prefill_step_s, prefill_gpus, prefill_senders, decode_t
     out = {"x": x.astype(int), "y": y.astype(int), "decode_batch": b * pp, "decode_batch_cap": b_cap,
            "tpgs": rate * (s + o) / gpus, "p90_interactivity_tok_s": tps / step_p90,
            "p90_ttft_s": ttft_p90, "mean_ttft_s": service + wait + hand_mean + lower + queue,
-           "rate_rps": rate, "gpus": gpus.astype(int), "concurrency": conc,
+           "rate_rps": rate, "gpus": gpus.astype(int), "concurrency": sessions,
            "prefill_rps": x * lam_p, "decode_rps": y_mb * top * tps / (o * cap_step),
            "step_time_s": step, "limit": limit,
            "feasible": (b_cap >= 1.0) & np.isfinite(ttft_p90)}

@@ -34,8 +34,11 @@ class Traffic:
     mean_gap_s: float  # think/tool gap before a turn, capped as the replay caps it
     hit_rate: float
     uncached_tokens_sample: np.ndarray = field(repr=False, compare=False)
-    gap_s_sample: np.ndarray = field(repr=False, compare=False)  # capped gaps
+    gap_s_sample: np.ndarray = field(repr=False, compare=False)  # capped gaps, per chain
     idle_cap: SystemIdleCap = field(repr=False, compare=False)  # over gap_s_sample
+    # request chains per closed-loop session, and gaps weighted by the session clock
+    # (model.serve.request_mix.request_sample: subagents beside their parent)
+    lanes_per_session: float = 1.0
 
     def idle_gap(self, lanes):
         """`active_s -> mean gap per turn` with `lanes` sessions in the system under the AgentX
@@ -153,11 +156,16 @@ def _fcfs_p90(mix: _ChunkMix, r, e, iterations: int) -> np.ndarray:
 
 
 def traffic_from_mix(name: str, context_tokens, uncached_tokens, output_tokens, gap_s,
-                     gap_cap_s: float = TURN_GAP_CAP_S) -> Traffic:
-    """Moments of a request mix given as arrays (one entry per request)."""
+                     gap_cap_s: float = TURN_GAP_CAP_S, wall_weight=None) -> Traffic:
+    """Moments of a request mix given as arrays (one entry per request); `wall_weight`: each
+    request's share of the session clock (model.specs.workload.RequestMix)."""
     context, uncached, output, gap = (np.asarray(a, float) for a in (
         context_tokens, uncached_tokens, output_tokens, gap_s))
     capped = np.minimum(gap, gap_cap_s)
+    lanes = 1.0
+    if wall_weight is not None:
+        w = np.asarray(wall_weight, float)
+        lanes, capped = 1.0 / float(w.mean()), capped * w / float(w.mean())
     return Traffic(name=name, mean_context_tokens=float(context.mean()),
                    mean_uncached_tokens=float(uncached.mean()),
                    p90_uncached_tokens=float(np.percentile(uncached, 90)),
@@ -166,7 +174,7 @@ def traffic_from_mix(name: str, context_tokens, uncached_tokens, output_tokens, 
                    mean_gap_s=float(capped.mean()),
                    hit_rate=float(1.0 - uncached.sum() / context.sum()),
                    uncached_tokens_sample=uncached, gap_s_sample=capped,
-                   idle_cap=SystemIdleCap(capped, SYSTEM_IDLE_CAP_S))
+                   idle_cap=SystemIdleCap(capped, SYSTEM_IDLE_CAP_S), lanes_per_session=lanes)
 
 
 def traffic_from_workload(workload, n: int = REQUEST_SAMPLE, seed: int = 0,
@@ -177,7 +185,7 @@ def traffic_from_workload(workload, n: int = REQUEST_SAMPLE, seed: int = 0,
     sessions) left the mean context of a synthetic profile up to 12% off its population mean."""
     mix = workload.request_mix(n, seed, hit_rate)
     return traffic_from_mix(workload.name, mix.context_tokens, mix.uncached_tokens,
-                            mix.output_tokens, mix.gap_s, gap_cap_s)
+                            mix.output_tokens, mix.gap_s, gap_cap_s, mix.wall_weight)
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,9 @@ def _solved(eng: RankEngine, load: Load, dp: int, policy: EnginePolicy, cache,
             slo_p90_interactivity: float | None, slo_ttft_s: float | None) -> ServingResult:
     """The solved state and its laws (see `serve`)."""
     hit = eng.sample.hit_rate
-    n_rank = load.concurrency / dp if isinstance(load, ClosedLoop) else None
+    # request chains per rank: subagents running beside their parent add chains to a session
+    n_rank = (load.concurrency * eng.sample.lanes_per_session / dp
+              if isinstance(load, ClosedLoop) else None)
     if n_rank is not None:
         x, st, eng = closed_loop_state(eng, load, n_rank)
         if x <= 0 or st.reason:

@@ -204,7 +204,7 @@ def _idle_capped(eng: RankEngine, load: ClosedLoop, sessions_per_rank: float,
         return x, st, eng
     for _ in range(passes):
         active = n_rank / x - float(eng.sample.gap_s.mean())
-        z_eff = float(idle.gap_mean(load.concurrency, active))
+        z_eff = float(idle.gap_mean(load.concurrency * eng.sample.lanes_per_session, active))
         if abs(z_eff - float(eng.sample.gap_s.mean())) < 1e-3 * idle.mean:
             break
         eng = eng.with_gaps(gaps * (z_eff / idle.mean),

@@ -59,9 +59,10 @@ from model.serve.finite_source import fcfs_wait_pmf
 from model.serve.handoff import handoff_bytes_per_token, kv_transfer_time_s
 from model.serve.policy import EnginePolicy
 from model.serve.queueing import quantiles_from_pmf, shot_noise_var, split_bins
+from model.serve.request_mix import request_sample
 from model.specs.errors import ServecastError
 from model.specs.idle_cap import SystemIdleCap
-from model.specs.workload import ClosedLoop, Load, OpenLoop, RequestMix, Workload
+from model.specs.workload import ClosedLoop, Load, OpenLoop, Workload
 
 QUANTILES = (0.5, 0.9, 0.99)  # the percentiles serve() reports
 MAX_UTILIZATION = 0.999  # a prefill rank at or above this is saturated
@@ -118,6 +119,7 @@ class Pools:
     bounded_by: str  # what sets the cap: max_num_seqs | kv_capacity
     hit_rate: float
     cache: CacheEffect | None
+    lanes_per_session: float = 1.0  # request chains per closed-loop session (subagents)
 
     def decode_step(self, b) -> np.ndarray:
         return np.interp(b, self.decode_batch, self.decode_step_s)
@@ -139,12 +141,9 @@ def build_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
         cache = deployment_cache(prefill.step_model, workload,
                                  _live_sessions(workload, load, seed) / prefill.count,
                                  cache_policy, cache_tiers, prefetch_reload)
-    mix = request_mix_for(workload, seed=seed, hit_rate=_served_hit_rate(workload, cache,
-                                                                         hit_rate, seed))
-    gap = mix.gap_s if not isinstance(load, ClosedLoop) else np.minimum(mix.gap_s,
-                                                                        load.gap_cap_s)
-    c, u, o = (np.asarray(a, float) for a in (mix.context_tokens, mix.uncached_tokens,
-                                               mix.output_tokens))
+    mix = request_sample(request_mix_for(workload, seed=seed, hit_rate=_served_hit_rate(
+        workload, cache, hit_rate, seed)), load)  # a closed loop's gaps capped, per chain
+    c, u, o, gap = mix.context_tokens, mix.uncached_tokens, mix.output_tokens, mix.gap_s
     service = prefill_service(prefill.step_model, c, u, policy.max_num_batched_tokens)
     sender = prefill.step_model
     handoff = kv_transfer_time_s(u, handoff_bytes_per_token(sender), link_bytes_per_s,
@@ -159,7 +158,7 @@ def build_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
     return Pools(prefill.gpus + decode.gpus, prefill.count * prefill.ranks,
                  decode.count * lanes, lanes, o, float(np.mean(c + o)), gap, reload, service,
                  np.asarray(handoff, float), steps, q, batch, step_s, cap,
-                 bounded, RequestMix(c, u, o, gap).hit_rate, cache or None)
+                 bounded, mix.hit_rate, cache or None, mix.lanes_per_session)
 
 
 def _live_sessions(workload: Workload, load: Load, seed: int) -> float:
@@ -416,7 +415,7 @@ def solve_closed(pools: Pools, load: ClosedLoop, passes: int = 3) -> PoolSolutio
     """N = X (Z_eff + R(X)), Brent's method on X below `top_rate_rps`; each pass re-reads the
     mean gap the system idle cap leaves at the last response time and scales the sessions'
     gaps to it (the wait law sees them)."""
-    n = float(load.concurrency)
+    n = float(load.concurrency) * pools.lanes_per_session  # request chains
     z = pools.gap_s
     idle = SystemIdleCap(z, load.idle_cap_s) if load.idle_cap_s is not None else None
 
@@ -527,7 +526,9 @@ def serve_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
     (rates and TPGS of all its GPUs), and the operating point (None when unstable)."""
     pools = build_pools(workload, policy, load, prefill, decode, link_bytes_per_s, hit_rate,
                         cache, cache_policy, cache_tiers, prefetch_reload, seed)
-    sessions = float(load.concurrency) if isinstance(load, ClosedLoop) else None
+    # request chains: subagents running beside their parent add chains to a session
+    sessions = (float(load.concurrency) * pools.lanes_per_session
+                if isinstance(load, ClosedLoop) else None)
     if isinstance(load, ClosedLoop):
         sol = solve_closed(pools, load)
     elif isinstance(load, OpenLoop):
@@ -569,7 +570,7 @@ def _result(pools: Pools, load: Load, sol: PoolSolution, sessions: float | None,
         tpgs=rate * pools.tokens_per_request / pools.gpus,
         output_tokens_per_s_per_gpu=rate * float(pools.output_tokens.mean()) / pools.gpus,
         requests_per_s=rate,
-        concurrency=sessions if sessions is not None else rate * (
+        concurrency=sessions / pools.lanes_per_session if sessions is not None else rate * (
             st.response_s + sol.admission_wait_s),
         decode_batch_per_rank=st.decode_batch, prefill_step_share=0.0,
         hit_rate=pools.hit_rate, bounded_by=sol.bounded_by, policy=policy.as_dict(),

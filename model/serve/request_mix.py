@@ -11,7 +11,7 @@ turn), of which the thinned sample keeps one in 16.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -70,7 +70,7 @@ def _mix(spec: WorkloadKey, n: int, seed: int, hit_rate: float | None, queue: bo
             unc = c - np.minimum((c - base.uncached_tokens) * hit_rate / own, c)
         else:
             unc = c * (1.0 - hit_rate)
-        return RequestMix(c, np.maximum(np.round(unc), 1.0), base.output_tokens, base.gap_s)
+        return replace(base, uncached_tokens=np.maximum(np.round(unc), 1.0))
     if not _thinned_draw(workload):
         return workload.request_mix(n, seed, None)
     if queue:
@@ -80,16 +80,23 @@ def _mix(spec: WorkloadKey, n: int, seed: int, hit_rate: float | None, queue: bo
 
 def _thinned(big: RequestMix, keep: slice) -> RequestMix:
     return RequestMix(big.context_tokens[keep], big.uncached_tokens[keep],
-                      big.output_tokens[keep], big.gap_s[keep])
+                      big.output_tokens[keep], big.gap_s[keep],
+                      None if big.wall_weight is None else big.wall_weight[keep])
 
 
 def request_sample(mix: RequestMix, load: Load) -> RequestMix:
-    """The sample as the engine reads it: float arrays, a closed loop's gaps capped."""
+    """The sample as the engine reads it: float arrays, a closed loop's gaps capped. Where
+    subagents run beside their parent (wall weights w below 1), a closed loop of N sessions
+    is N / E[w] request chains (`RequestMix.lanes_per_session`), each gap weighted by
+    w / E[w]: Little's law over a session's clock, N = X E[w (Z + R)], with the response R
+    the same for every request."""
     gap = mix.gap_s
     if isinstance(load, ClosedLoop):
         gap = np.minimum(gap, load.gap_cap_s)
+        if mix.wall_weight is not None:
+            gap = gap * mix.wall_weight / float(mix.wall_weight.mean())
     return RequestMix(mix.context_tokens.astype(float), mix.uncached_tokens.astype(float),
-                      mix.output_tokens.astype(float), gap.astype(float))
+                      mix.output_tokens.astype(float), gap.astype(float), mix.wall_weight)
 
 
 def cache_hit_rate(cache, workload: Workload, n: int, seed: int) -> float | None:

@@ -15,6 +15,7 @@ and the simulator consume, so the two always see the same traffic.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,10 @@ class Workload(ProfileModel):
     think_time_s: Distribution | None = None
     max_context_tokens: float = Field(default=1_000_000, gt=0)
     subagents: Subagents | None = None
+    # share of a subagent request's gap and response that lengthens its session: subagents run
+    # beside the parent's own turns and tool gaps (1: in series with the parent)
+    subagent_wall_share: float = Field(default=1.0, ge=0, le=1)
+    subagent_wall_share_source: str = ""
     context_map: ContextMap | None = None  # applied to every generated request (sessions kind)
     # sessions resampled whole from a recorded trace (AgentX derived requests CSV, repository
     # path) instead of generated from the distributions above
@@ -159,11 +164,20 @@ class RequestMix:
     uncached_tokens: np.ndarray
     output_tokens: np.ndarray
     gap_s: np.ndarray
+    # per request: the share of its gap and response that lengthens its session (the
+    # workload's subagent_wall_share for subagent requests, 1 otherwise); None: all 1
+    wall_weight: np.ndarray | None = None
 
     @functools.cached_property
     def gap_s_ascending(self) -> np.ndarray:
         """The gaps sorted once: the queue laws read their distribution at every solver step."""
         return np.sort(self.gap_s)
+
+    @property
+    def lanes_per_session(self) -> float:
+        """Request chains a session keeps in flight on average, 1 / E[wall_weight]: a closed
+        loop's sessions times this are the chains whose gaps and responses fill the clock."""
+        return 1.0 if self.wall_weight is None else 1.0 / float(np.mean(self.wall_weight))
 
     @property
     def hit_rate(self) -> float:
@@ -302,7 +316,8 @@ def _request_mix(w: Workload, n: int, seed: int, hit_rate: float | None) -> Requ
                 if count >= n:
                     break
     mix = RequestMix(*(np.concatenate([getattr(s, f) for s in sessions])
-                       for f in ("context_tokens", "uncached_tokens", "output_tokens", "gap_s")))
+                       for f in ("context_tokens", "uncached_tokens", "output_tokens", "gap_s")),
+                     _wall_weight(w, sessions))
     if hit_rate is None:
         return mix
     if not 0.0 <= hit_rate < 1.0:
@@ -315,7 +330,14 @@ def _request_mix(w: Workload, n: int, seed: int, hit_rate: float | None) -> Requ
     else:
         uncached = np.maximum(np.round(mix.context_tokens - np.minimum(cached * scale,
                                                                       mix.context_tokens)), 1.0)
-    return RequestMix(mix.context_tokens, uncached, mix.output_tokens, mix.gap_s)
+    return dataclasses.replace(mix, uncached_tokens=uncached)
+
+
+def _wall_weight(w: Workload, sessions: list[SessionSpec]) -> np.ndarray | None:
+    if w.subagent_wall_share == 1.0:
+        return None
+    sub = np.concatenate([s.subagent for s in sessions])
+    return np.where(sub, w.subagent_wall_share, 1.0) if sub.any() else None
 
 
 # ------------------------------------------------------------------ loading
