@@ -148,7 +148,8 @@ class Workload(ProfileModel):
 @dataclass(frozen=True)
 class SessionSpec:
     """One synthetic session: per request, in order (subagent runs are inlined after the parent
-    turn that spawned them, as the parent waits for them)."""
+    turn that spawned them; how much of their time lengthens the session is the workload's
+    `subagent_wall_share`)."""
 
     context_tokens: np.ndarray
     uncached_tokens: np.ndarray
