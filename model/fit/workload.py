@@ -128,22 +128,59 @@ def fit_agentx(traces_dir: Path) -> dict:
 
 
 def subagent_wall_share(req: pd.DataFrame) -> float:
-    """Share of subagent time that lengthens its session, over the traces with subagents: the
-    time a trace runs past its main chain's span (first main request to the last one's end),
-    at most its subagents' own time, over the subagents' time (their gaps plus responses).
-    A recorded parent keeps issuing turns, or waits inside its own tool gap, while its
-    subagents run, so a session's clock is its main chain's; subagents add load, not length."""
+    """Share of subagent time that lengthens its session, over the traces with subagents.
+
+    A session's own clock is its main chain: the parent's requests and the gaps between them.
+    Subagent time overlapping that clock adds nothing; what adds is the time the parent waits
+    only for its subagents: inside the union of the runs' spans, outside the parent's requests
+    and its free gaps (a gap is blocked when a run ends inside it: the parent resumes on its
+    subagents' answer). That blocked time over the subagents' own time (their gaps plus
+    responses) is the share; sibling runs that overlap each other count once in the union."""
     req = req.assign(end_s=req.t_s + req.api_time_s.fillna(0.0))
-    added, total = 0.0, 0.0
+    blocked, total = 0.0, 0.0
     for _, trace in req.groupby("trace_id"):
-        sub, main = trace[trace.kind != "main"], trace[trace.kind == "main"]
+        sub, main = trace[trace.kind != "main"], trace[trace.kind == "main"].sort_values("t_s")
         if sub.empty or main.empty:
             continue
-        own = float((sub.think_time_s.fillna(0.0) + sub.api_time_s.fillna(0.0)).sum())
-        past = trace.end_s.max() - trace.t_s.min() - (main.end_s.max() - main.t_s.min())
-        added += min(max(float(past), 0.0), own)
-        total += own
-    return added / total if total > 0 else 1.0
+        runs = sub.groupby("agent_id").agg(start=("t_s", "min"), end=("end_s", "max"))
+        spans = _merged(runs[["start", "end"]].to_numpy())
+        blocked += _length(spans) - _overlap(spans, _parent_clock(main, runs.end.to_numpy()))
+        total += float((sub.think_time_s.fillna(0.0) + sub.api_time_s.fillna(0.0)).sum())
+    return blocked / total if total > 0 else 1.0
+
+
+def _parent_clock(main: pd.DataFrame, run_ends: np.ndarray) -> np.ndarray:
+    """The parent's own time: each request in flight and each gap after it that no subagent
+    run ends inside, merged."""
+    start, end = main.t_s.to_numpy(float), main.end_s.to_numpy(float)
+    pieces = [np.c_[start, end]]
+    gap_from, gap_to = end[:-1], start[1:]
+    free = ~((run_ends[None, :] > gap_from[:, None]) & (run_ends[None, :] <= gap_to[:, None])
+             ).any(axis=1)
+    pieces.append(np.c_[gap_from[free], gap_to[free]])
+    return _merged(np.concatenate(pieces))
+
+
+def _merged(spans: np.ndarray) -> np.ndarray:
+    """Disjoint, sorted union of [start, end] spans."""
+    out: list[list[float]] = []
+    for a, b in sorted(map(tuple, spans)):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        elif b > a:
+            out.append([a, b])
+    return np.array(out, float).reshape(-1, 2)
+
+
+def _length(spans: np.ndarray) -> float:
+    return float((spans[:, 1] - spans[:, 0]).sum())
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> float:
+    """Length of the intersection of two disjoint sorted span lists."""
+    lo = np.maximum(a[:, None, 0], b[None, :, 0])
+    hi = np.minimum(a[:, None, 1], b[None, :, 1])
+    return float(np.maximum(hi - lo, 0.0).sum())
 
 
 def wall_share_fields(req: pd.DataFrame, src: str) -> dict:
@@ -151,8 +188,9 @@ def wall_share_fields(req: pd.DataFrame, src: str) -> dict:
     traces = req.loc[req.kind != "main", "trace_id"].nunique()
     return {"subagent_wall_share": round(subagent_wall_share(req), 4),
             "subagent_wall_share_source": f"{src}: over the {traces} traces with subagents, "
-            "time past the main chain's span (at most the subagents' own) over subagent gaps "
-            "plus responses (model.fit.workload.subagent_wall_share)"}
+            "the time the parent waits only for its subagents (the union of the runs' spans "
+            "outside its requests and free gaps) over subagent gaps plus responses "
+            "(model.fit.workload.subagent_wall_share)"}
 
 
 # AgentX v1.0 (cc-traces-weka-062126), the corpus the vLLM post's rows ran on, as SemiAnalysis
