@@ -8,6 +8,7 @@ reference. Run `python -m model.fit.workload [TRACES_DIR]` to regenerate the tra
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import json
 import sys
@@ -224,6 +225,11 @@ def fit_agentx_v1(synthetic: dict) -> dict:
     mu_out, sigma_out = _lognormal_through(V1_OSL_QUANTILES)
     osl = ", ".join(f"p{round(100 * k)} {v:,.0f}" for k, v in V1_OSL_QUANTILES.items())
     isl = ", ".join(f"p{round(100 * k)} {v / 1e3:,.0f}K" for k, v in V1_ISL_QUANTILES.items())
+    outputs = {"dist": {"kind": "lognormal", "mu": round(mu_out, 4), "sigma": round(sigma_out, 4)},
+               "min": 1, "max": OUTPUT_MAX_TOKENS,
+               "source": f"{V1_SOURCE}: DeepSeek V4 runs OSL {osl} (every request, subagents' "
+                         "too); lognormal through them; capped at Claude Code's 32K output "
+                         "default"}
     profile = {
         **synthetic,
         "name": "agentx-v1",
@@ -235,11 +241,9 @@ def fit_agentx_v1(synthetic: dict) -> dict:
         "source": f"{synthetic['source']}; gaps, outputs and context quantiles: {V1_SOURCE}; "
                   "built by model.fit.workload.fit_agentx_v1",
         "date": _dt.date.today().isoformat(),
-        "output_tokens": {"dist": {"kind": "lognormal", "mu": round(mu_out, 4),
-                                   "sigma": round(sigma_out, 4)},
-                          "min": 1, "max": OUTPUT_MAX_TOKENS,
-                          "source": f"{V1_SOURCE}: DeepSeek V4 runs OSL {osl}; lognormal through "
-                                    "them; capped at Claude Code's 32K output default"},
+        "output_tokens": outputs,
+        # v1.0's OSL quantiles are over the runs' requests, the subagents' among them
+        "subagents": {**synthetic["subagents"], "output_tokens": copy.deepcopy(outputs)},
         "think_time_s": {"dist": {"kind": "lognormal", "mu": round(mu_gap, 4),
                                   "sigma": round(sigma_gap, 4)}, "min": 0,
                          "source": f"{V1_SOURCE}: inter-turn latency ~log-normal, median 3.84 s, "
