@@ -83,14 +83,17 @@ def test_agentx_v1_profile_carries_the_stated_v1_laws():
     # does-cuda-moat): inter-turn gaps
     # ~log-normal, median 3.84 s, ~10% over 1 min; DeepSeek V4 runs OSL p50 413 / p90 2.2K /
     # p95 3.7K / p99 8.6K and ISL p50 88K / p90 272K / p95 404K / p99 675K. Sessions and fan-out
-    # are agentx-synthetic's.
+    # are agentx-synthetic's; the OSL law, stated over every request, is the subagents' too.
     import numpy as np
 
     from model.fit.workload import fit_agentx_v1
 
     w = load_workload("agentx-v1")
     syn = load_workload("agentx-synthetic")
-    assert w.turns_per_session == syn.turns_per_session and w.subagents == syn.subagents
+    assert w.turns_per_session == syn.turns_per_session
+    assert w.subagents.output_tokens == w.output_tokens
+    assert w.subagents.model_copy(update={"output_tokens": syn.subagents.output_tokens}) \
+        == syn.subagents
     rng = np.random.default_rng(0)
     gaps = w.think_time_s.sample(rng, 200_000)
     assert np.median(gaps) == pytest.approx(3.84, rel=0.02)

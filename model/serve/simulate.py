@@ -211,8 +211,9 @@ class _Simulation:
         """One lane per session slot, each at a random turn of its first session, its first
         arrival staggered over one second."""
         self.pool = pool
-        firsts = _first_sessions(pool, self.load.concurrency, rng)
-        for lane in range(self.load.concurrency):
+        lanes = max(int(round(self.load.concurrency * pool.lanes_per_session)), 1)
+        firsts = _first_sessions(pool, lanes, rng)
+        for lane in range(lanes):
             sess = firsts[lane]
             start = int(rng.integers(0, len(sess[0])))  # warm start at a random turn
             self.lanes.append(_Lane(sess, start))
@@ -384,9 +385,10 @@ class _Simulation:
         st.turn += 1
         if st.turn >= len(st.session[0]):
             st.session, st.turn = self.pool.next(), 0
-        ctx, unc, out, gap = st.session
+        ctx, unc, out, gap, clock_share = st.session
         k = st.turn
-        arrive = self.clock_s + (min(float(gap[k]), self.load.gap_cap_s) if k > 0 else 0.0)
+        arrive = self.clock_s + (min(float(gap[k]), self.load.gap_cap_s) * clock_share[k]
+                                 if k > 0 else 0.0)
         self._push(arrive, reqs.add(arrive, ctx[k], unc[k], out[k], lane))
 
     def result(self, warmup_s: float) -> SimResult:
@@ -444,11 +446,15 @@ def _rank_times(step_model, reqs: _Requests, plans, dp: int, context_offset_toke
 
 
 class _SessionPool:
-    """Synthetic sessions handed to lanes in order (AgentX lanes recycle traces FIFO)."""
+    """Synthetic sessions handed to lanes in order (AgentX lanes recycle traces FIFO). Where
+    subagents run beside their parent, a session is `lanes_per_session` request chains (as in
+    model.serve.request_mix.request_sample): the loop runs that many lanes, each gap weighted
+    by its request's wall weight over the mean."""
 
     def __init__(self, workload: Workload, seed: int, hit_rate: float | None) -> None:
         self.workload, self.seed, self.k = workload, seed, 0
         self.buf: list = []
+        self.lanes_per_session = request_mix_for(workload, seed=seed).lanes_per_session
         self.scale = None
         if hit_rate is not None:
             own = workload.request_mix(20_000, seed).hit_rate
@@ -464,7 +470,9 @@ class _SessionPool:
             cached = s.context_tokens - s.uncached_tokens
             unc = np.maximum(np.round(s.context_tokens - np.minimum(cached * self.scale,
                                                                     s.context_tokens)), 1.0)
-        return (s.context_tokens, unc, s.output_tokens, s.gap_s)
+        weight = np.where(s.subagent, getattr(self.workload, "subagent_wall_share", 1.0), 1.0)
+        return (s.context_tokens, unc, s.output_tokens, s.gap_s,
+                weight * self.lanes_per_session)
 
 
 class _MixPool:
@@ -480,8 +488,11 @@ class _MixPool:
         # the mix lists each session's turns in order (context autocorrelation 0.95 at lag 1 on
         # AgentX): shuffled, or the lanes would replay sessions instead of independent turns
         order = np.random.default_rng(seed + 11).permutation(len(m.context_tokens))
+        self.lanes_per_session = m.lanes_per_session
+        weight = np.ones(len(order)) if m.wall_weight is None else m.wall_weight
         self.arrays = tuple(np.asarray(a)[order] for a in (
-            m.context_tokens, m.uncached_tokens, m.output_tokens, m.gap_s))
+            m.context_tokens, m.uncached_tokens, m.output_tokens, m.gap_s,
+            weight * m.lanes_per_session))
         self.pos = 0
 
     def next(self):
