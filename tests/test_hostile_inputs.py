@@ -430,18 +430,25 @@ def test_a_workload_past_the_window_is_refused_or_stated(capsys):
 
 
 def test_a_saturated_closed_loop_keeps_littles_law(capsys):
-    # MiniMax M3 on 4 B300 at 512 AgentX sessions: the LRU prefix cache thrashes (hit 0.72) and
-    # the prefill queue saturates before the response-time law has a root. The rate stays at the
-    # last served one and the other sessions wait in the queue, so by Little's law the sessions'
-    # cycle N / X is the gap, the TTFT and the decode: N / X - mean TTFT lies between 0 and the
-    # profile's mean think gap (lognormal mu 1.3455, sigma 2.1449: 38.3 s) plus the decode of a
-    # mean output (968.9 tokens, agentx-v1's sample statistics) at the mean TPOT.
-    assert main(SERVE[:-1] + ["512", "--json"]) == 0
+    # MiniMax M3 on 4 B300 at 256 AgentX sessions, prefixes in HBM only: the LRU prefix cache
+    # thrashes (hit 0.72) and the prefill queue saturates before the response-time law has a
+    # root. The rate stays at the last served one and the other sessions wait in the queue, so
+    # by Little's law over the request chains (a session is lanes_per_session of them,
+    # model.serve.request_mix) a chain's cycle N L / X is its gap, the TTFT and the decode:
+    # N L / X - mean TTFT lies between 0 and the profile's mean think gap (lognormal mu 1.3455,
+    # sigma 2.1449: 38.3 s) times L (a chain's gaps are weighted by w / E[w], w <= 1) plus the
+    # decode of a mean output (agentx-v1's request mix) at the mean TPOT.
+    from model.serve.request_mix import request_mix_for
+    from model.specs.workload import load_workload
+
+    mix = request_mix_for(load_workload("agentx-v1"))
+    lanes = mix.lanes_per_session
+    assert main(SERVE[:-1] + ["256", "--cache-tiers", "hbm", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stable"] and out["bounded_by"] == "prefill_saturation"
-    cycle_s = out["concurrency"] / out["requests_per_s"]
+    cycle_s = out["concurrency"] * lanes / out["requests_per_s"]
     rest_s = cycle_s - out["mean_ttft_s"]
-    assert 0.0 < rest_s < 38.3 + 968.9 * out["mean_tpot_s"]
+    assert 0.0 < rest_s < 38.3 * lanes + float(mix.output_tokens.mean()) * out["mean_tpot_s"]
 
 
 def test_a_token_budget_takes_its_activations_from_the_kv_pool(capsys):

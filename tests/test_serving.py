@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from model import ROOT
 from model.serve.engine import AffineStepModel, serve, threshold_effect
 from model.serve.policy import EnginePolicy
 from model.serve.queueing import compound_shot_pmf, kingman_wait_s, mg1_wait_pmf, shot_noise_var
@@ -15,6 +16,8 @@ from model.serve.step_balance import solve_mean_step
 from model.specs.workload import ClosedLoop, OpenLoop, load_workload
 
 SM = AffineStepModel(a=0.01, b=2e-5, c=1e-4, d=0.0, e=0.0)
+# agentx-v1 as the stored simulations below ran it (subagents in series with their parent)
+SIMULATED_V1 = str(ROOT / "tests" / "data" / "agentx-v1-simulated.yaml")
 
 
 def test_kingman_reduces_to_pollaczek_khinchine_t19():
@@ -286,7 +289,7 @@ def test_threshold_dep8_admitting_step_prices_all_ranks_chunks_together():
     # (126.8K against 120.4K of context), hence the looser TPGS bound.
     from model.validate.agreement import dsv4_dep8_b300
 
-    sm, w = dsv4_dep8_b300(), load_workload("agentx-v1")
+    sm, w = dsv4_dep8_b300(), load_workload(SIMULATED_V1)
     r = serve(sm, w, EnginePolicy(prefill_schedule_interval=8).with_threshold(512),
               ClosedLoop(575))
     assert r.mean_tpot_s == pytest.approx(53.7e-3, rel=0.05)
@@ -305,7 +308,7 @@ def test_threshold_prompts_queue_for_the_slots_the_budget_holds():
     # saturation; sharing the budget out among the prompts with no queue would say 15.9 s.
     from model.validate.agreement import dsv4_dep8_b300
 
-    r = serve(dsv4_dep8_b300(), load_workload("agentx-v1"),
+    r = serve(dsv4_dep8_b300(), load_workload(SIMULATED_V1),
               EnginePolicy(prefill_schedule_interval=8).with_threshold(512), ClosedLoop(900))
     assert r.requests_per_s == pytest.approx(8.70, rel=0.05)
     assert r.mean_ttft_s == pytest.approx(30.7, rel=0.10)
@@ -329,7 +332,7 @@ def test_dep8_fcfs_tpot_law_keeps_its_spread_where_runs_cover_every_slot(session
                                                                          p99, p99_rel):
     from model.validate.agreement import dsv4_dep8_b300
 
-    r = serve(dsv4_dep8_b300(), load_workload("agentx-v1"),
+    r = serve(dsv4_dep8_b300(), load_workload(SIMULATED_V1),
               EnginePolicy(prefill_schedule_interval=8), ClosedLoop(sessions))
     assert r.tpot_s["p50"] == pytest.approx(p50, rel=0.05)
     assert r.tpot_s["p90"] == pytest.approx(p90, rel=0.10)
@@ -359,7 +362,7 @@ def test_fcfs_dep8_throughput_grows_with_sessions_near_saturation():
     # 102.3K at 575 sessions, 116.5K at 1,024.
     from model.validate.agreement import dsv4_dep8_b300
 
-    sm, w = dsv4_dep8_b300(), load_workload("agentx-v1")
+    sm, w = dsv4_dep8_b300(), load_workload(SIMULATED_V1)
     tpgs = [serve(sm, w, EnginePolicy(prefill_schedule_interval=8), ClosedLoop(n)).tpgs
             for n in (575, 650, 767)]
     assert tpgs[0] < tpgs[1] < tpgs[2]
