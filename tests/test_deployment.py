@@ -79,3 +79,16 @@ def test_aggregated_replicas_split_the_sessions_and_add_up():
     one = serve(step, w, policy, OpenLoop(0.5))
     both = serve_deployment(w, policy, OpenLoop(1.0), replicas=Workers(step, 2)).result
     assert both.ttft_s == one.ttft_s and both.requests_per_s == pytest.approx(1.0)
+
+
+def test_a_session_with_subagents_states_its_request_chains():
+    # agentx-v1: a quarter of its requests are subagents', 33.4% of whose time lengthens the
+    # session (model.fit.workload.subagent_wall_share): 1 / (1 - 0.251 x 0.666) = 1.20 chains,
+    # which the deployment's assumptions state; a profile without subagents states none
+    step, policy = AffineStepModel(), EnginePolicy()
+    r = serve_deployment(load_workload("agentx-v1"), policy, ClosedLoop(4),
+                         replicas=Workers(step, 1))
+    assert any("each session is 1.20 request chains" in a for a in r.assumptions)
+    plain = serve_deployment(load_workload("fixed-8k1k"), policy, ClosedLoop(4),
+                             replicas=Workers(step, 1))
+    assert not any("request chains" in a for a in plain.assumptions)

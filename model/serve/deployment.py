@@ -23,6 +23,7 @@ import numpy as np
 from model.serve.engine import ServingResult, serve
 from model.serve.policy import EnginePolicy
 from model.serve.pools import Workers, serve_pools
+from model.serve.request_mix import request_mix_for
 from model.specs.errors import ServecastError
 from model.specs.workload import ClosedLoop, Load, OpenLoop, Workload
 
@@ -71,7 +72,8 @@ def serve_deployment(workload: Workload, policy: EnginePolicy, load: Load, *,
     """The full tier for `replicas` aggregated workers, or `prefill` + `decode` workers joined
     by links of `link_bytes_per_s` per GPU, under `load` (the whole deployment's)."""
     if replicas is not None and prefill is None and decode is None:
-        return _aggregated(workload, policy, load, replicas, cache, seed)
+        served = _aggregated(workload, policy, load, replicas, cache, seed)
+        return replace(served, assumptions=served.assumptions + _chains(workload, load, seed))
     if replicas is None and prefill is not None and decode is not None:
         if not link_bytes_per_s or link_bytes_per_s <= 0:
             raise ServecastError("disaggregated deployment: link_bytes_per_s: the KV hand-off "
@@ -80,11 +82,23 @@ def serve_deployment(workload: Workload, policy: EnginePolicy, load: Load, *,
                                   float(link_bytes_per_s), seed=seed, **cache.serve_kwargs())
         notes = ("disaggregated: prefill ranks FCFS on whole-budget chunks, sessions sticky to "
                  "a rank; only the turn's new KV moves; decode steps with the disaggregated "
-                 "engine factor",)
+                 "engine factor",) + _chains(workload, load, seed)
         return DeploymentServing(result, "disaggregated", prefill.gpus + decode.gpus, notes,
                                  None if sol is None else sol.state.utilization)
     raise ServecastError("serve_deployment: give `replicas` (aggregated) or `prefill` and "
                          "`decode` (disaggregated)")
+
+
+def _chains(workload: Workload, load: Load, seed: int) -> tuple[str, ...]:
+    """The assumption a closed loop of sessions with subagents beside their parent states."""
+    if not isinstance(load, ClosedLoop) or not isinstance(workload, Workload):
+        return ()
+    lanes = request_mix_for(workload, seed=seed).lanes_per_session
+    if lanes <= 1.0:
+        return ()
+    return (f"each session is {lanes:.2f} request chains: its subagents run beside it, "
+            f"{workload.subagent_wall_share:.1%} of their time lengthening the session "
+            "(the workload's subagent_wall_share)",)
 
 
 def _aggregated(workload, policy, load, replicas: Workers, cache: CacheChoice,
