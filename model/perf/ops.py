@@ -1,7 +1,9 @@
 """Per-op counts for one engine step: FLOPs, HBM bytes and the entries attention touches.
 
-Sympy is the single source: each formula below is a sympy expression, compiled once with
-`lambdify` to numpy so sweeps are vectorized; `latex(name)` renders it for notebooks.
+Each formula below is one Python expression over its named arguments: numpy evaluates it
+directly (vectorized sweeps, no symbolic algebra on the hot path), and `expression(name)` hands
+the same function sympy symbols to get the symbolic form that `latex(name)` renders for notebooks.
+Sympy is imported only there, so the command line starts without it.
 
 Counts are for the whole replica (no parallel sharding; `model.perf.parallel` divides them). A step is
 `prefill_tokens` new prompt tokens spread over `prefill_seqs` sequences attending a mean context
@@ -11,11 +13,11 @@ Counts are for the whole replica (no parallel sharding; `model.perf.parallel` di
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
 import numpy as np
-import sympy as sp
 
 from model.specs.dtypes import dtype
 from model.specs.layers import Architecture, Attention, Experts, Layer, Linear
@@ -23,67 +25,70 @@ from model.specs.layers import Architecture, Attention, Experts, Layer, Linear
 ACT_BYTES = 2.0  # bf16 activations between kernels
 STATE_BYTES = 4.0  # linear-attention recurrent state is kept in fp32 (KDA / GDN kernels)
 
-# ---- symbols -------------------------------------------------------------------------------
-T, d_in, d_out, w_bits, copies = sp.symbols("T d_in d_out w_bits copies", positive=True)
-h, d_qk, d_v, S, seqs, e_bytes = sp.symbols("h d_qk d_v S seqs e_bytes", positive=True)
-E, k, d_model, d_ff, n_mat = sp.symbols("E k d_model d_ff n_mat", positive=True)
-c_ctx, r_lat, n_state = sp.symbols("c r_lat n_state", positive=True)
-i_heads, i_dim, units = sp.symbols("i_heads i_dim units", positive=True)
-
-#: name -> (sympy expression, meaning). Everything else in this module evaluates these.
-FORMULAS: dict[str, tuple[sp.Expr, str]] = {
+#: name -> (formula, meaning). Everything else in this module evaluates these.
+FORMULAS = {
     # generic projection y = W x for T tokens
-    "linear_flops": (2 * T * d_in * d_out * copies, "2 T d_in d_out per copy"),
-    "linear_weight_bytes": (d_in * d_out * copies * w_bits / 8, "weights read once per step"),
-    "linear_act_bytes": (2 * T * (d_in + d_out * copies), "read input, write output (bf16)"),
+    "linear_flops": (lambda T, d_in, d_out, copies: 2 * T * d_in * d_out * copies,
+                     "2 T d_in d_out per copy"),
+    "linear_weight_bytes": (lambda d_in, d_out, copies, w_bits: d_in * d_out * copies * w_bits / 8,
+                            "weights read once per step"),
+    "linear_act_bytes": (lambda T, d_in, d_out, copies: 2 * T * (d_in + d_out * copies),
+                         "read input, write output (bf16)"),
     # softmax attention core: T queries each attend S entries with h heads
-    "attn_flops": (2 * T * h * (d_qk + d_v) * S, "QK^T and PV"),
-    "attn_kv_read_bytes": (seqs * S * e_bytes, "each sequence's attended entries read once"),
-    "attn_kv_write_bytes": (T * e_bytes, "one new entry per new token"),
-    "attn_act_bytes": (2 * T * h * (d_qk + d_v), "read q, write o (bf16)"),
+    "attn_flops": (lambda T, h, d_qk, d_v, S: 2 * T * h * (d_qk + d_v) * S, "QK^T and PV"),
+    "attn_kv_read_bytes": (lambda seqs, S, e_bytes: seqs * S * e_bytes,
+                           "each sequence's attended entries read once"),
+    "attn_kv_write_bytes": (lambda T, e_bytes: T * e_bytes, "one new entry per new token"),
+    "attn_act_bytes": (lambda T, h, d_qk, d_v: 2 * T * h * (d_qk + d_v), "read q, write o (bf16)"),
     # MLA without weight absorption: up-project cached latents to per-head K and V
-    "mla_kv_up_flops": (2 * c_ctx * r_lat * h * (d_qk + d_v), "latent -> K_nope, V per cached token"),
+    "mla_kv_up_flops": (lambda c, r, h, d_qk, d_v: 2 * c * r * h * (d_qk + d_v),
+                        "latent -> K_nope, V per cached token"),
     # indexer (DSA / CSA lightning indexer, MSA block scorer): score `units` cached units
-    "indexer_flops": (2 * T * i_heads * i_dim * units, "q_idx . k_idx over all units"),
-    "indexer_read_bytes": (seqs * units * i_dim * e_bytes, "index keys read once per sequence"),
+    "indexer_flops": (lambda T, i_heads, i_dim, units: 2 * T * i_heads * i_dim * units,
+                      "q_idx . k_idx over all units"),
+    "indexer_read_bytes": (lambda seqs, units, i_dim, e_bytes: seqs * units * i_dim * e_bytes,
+                           "index keys read once per sequence"),
     # linear attention (delta rule): S k, state update, S^T q per token; state read+written per seq
-    "linear_state_flops": (6 * T * n_state, "3 state-sized matvec/outer products per token"),
-    "linear_state_bytes": (2 * seqs * n_state * STATE_BYTES, "fp32 state read and written"),
+    "linear_state_flops": (lambda T, n_state: 6 * T * n_state,
+                           "3 state-sized matvec/outer products per token"),
+    "linear_state_bytes": (lambda seqs, n_state: 2 * seqs * n_state * STATE_BYTES,
+                           "fp32 state read and written"),
     # routed experts: T tokens, top-k of E; weights of the distinct experts touched are read
-    "experts_touched": (E * (1 - (1 - k / E) ** T), "expected distinct experts a batch touches"),
-    "moe_flops": (2 * T * k * n_mat * d_model * d_ff, "k experts per token, n_mat matrices"),
-    "moe_act_bytes": (2 * T * k * (2 * d_model + (n_mat - 1) * d_ff), "dispatch in, out (bf16)"),
+    "experts_touched": (lambda E, k, T: E * (1 - (1 - k / E) ** T),
+                        "expected distinct experts a batch touches"),
+    "moe_flops": (lambda T, k, n_mat, d_model, d_ff: 2 * T * k * n_mat * d_model * d_ff,
+                  "k experts per token, n_mat matrices"),
+    "moe_act_bytes": (lambda T, k, d_model, d_ff, n_mat: 2 * T * k * (2 * d_model
+                                                                   + (n_mat - 1) * d_ff),
+                      "dispatch in, out (bf16)"),
     # RMSNorm / residual adds: elementwise, memory bound
-    "norm_flops": (4 * T * d_model, "square, sum, scale, multiply"),
-    "norm_bytes": (2 * 2 * T * d_model, "read and write bf16"),
+    "norm_flops": (lambda T, d_model: 4 * T * d_model, "square, sum, scale, multiply"),
+    "norm_bytes": (lambda T, d_model: 2 * 2 * T * d_model, "read and write bf16"),
 }
-_SYMBOLS = {"linear_flops": (T, d_in, d_out, copies),
-            "linear_weight_bytes": (d_in, d_out, copies, w_bits),
-            "linear_act_bytes": (T, d_in, d_out, copies),
-            "attn_flops": (T, h, d_qk, d_v, S), "attn_kv_read_bytes": (seqs, S, e_bytes),
-            "attn_kv_write_bytes": (T, e_bytes), "attn_act_bytes": (T, h, d_qk, d_v),
-            "mla_kv_up_flops": (c_ctx, r_lat, h, d_qk, d_v),
-            "indexer_flops": (T, i_heads, i_dim, units),
-            "indexer_read_bytes": (seqs, units, i_dim, e_bytes),
-            "linear_state_flops": (T, n_state), "linear_state_bytes": (seqs, n_state),
-            "experts_touched": (E, k, T), "moe_flops": (T, k, n_mat, d_model, d_ff),
-            "moe_act_bytes": (T, k, d_model, d_ff, n_mat),
-            "norm_flops": (T, d_model), "norm_bytes": (T, d_model)}
 
 
-@cache
 def compiled(name: str):
     """The numpy function of formula `name`, positional args in the order of `arguments(name)`."""
-    return sp.lambdify(_SYMBOLS[name], FORMULAS[name][0], modules="numpy")
+    return FORMULAS[name][0]
 
 
 def arguments(name: str) -> tuple[str, ...]:
-    return tuple(str(s) for s in _SYMBOLS[name])
+    return tuple(inspect.signature(FORMULAS[name][0]).parameters)
+
+
+@cache
+def expression(name: str):
+    """Formula `name` as a sympy expression over positive symbols named as its arguments."""
+    import sympy as sp  # only notebooks and tests render formulas
+
+    return FORMULAS[name][0](*sp.symbols(arguments(name), positive=True))
 
 
 def latex(name: str) -> str:
     """LaTeX of one formula, for notebooks."""
-    return sp.latex(FORMULAS[name][0])
+    import sympy as sp
+
+    return sp.latex(expression(name))
 
 
 def render() -> list[dict[str, str]]:
@@ -92,7 +97,7 @@ def render() -> list[dict[str, str]]:
 
 
 def f(name: str, *args):
-    return compiled(name)(*args)
+    return FORMULAS[name][0](*args)
 
 
 # ---- ops ------------------------------------------------------------------------------------
