@@ -10,7 +10,7 @@ import pytest
 
 from model.perf.microbatch import MicrobatchSteps, pipeline_lanes
 from model.plan.deployment import parse_deployment_label
-from model.plan.full_tier import evaluate_deployment, labelled_deployment, worker_step_model
+from model.plan.evaluate import evaluate_deployment, labelled_deployment, worker_step_model
 from model.plan.inputs import ServingChoices, resolve_inputs, setup_for
 from model.plan.planner import screening_at
 from model.serve.policy import EnginePolicy

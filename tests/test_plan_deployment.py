@@ -1,6 +1,6 @@
 """`servecast plan --deployment LABEL` reports what `servecast serve --deployment LABEL` reports
 for it with the same engine settings: both run the full tier through
-model.plan.full_tier.evaluate_deployment, here in separate processes (no shared memo), on an
+model.plan.evaluate.evaluate_deployment, here in separate processes (no shared memo), on an
 aggregated TP replica, DEP8 with a threshold and a disaggregated deployment."""
 
 import pytest

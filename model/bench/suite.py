@@ -1,7 +1,8 @@
 """`make bench`: speed and memory targets, measured and reported (never asserted in tests).
 
 Each area owns a `bench_<area>() -> dict` in its own module; this runner times them, adds peak
-memory, prints one table and writes `runs/bench.json`.
+memory, prints one table and writes `runs/bench.json`. `--long` adds the commands that take
+minutes (the reproduction) to `commands`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ BENCHES = (
     ("serving", "model.bench.serving", "bench_serving"),
     ("cache", "model.bench.cache", "bench_cache"),
     ("reproduce", "model.validate.reproduce", "bench_reproduce"),
+    ("commands", "model.bench.commands", "bench_commands"),
 )
 
 
@@ -29,18 +31,19 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run() -> dict:
+def run(long: bool = False) -> dict:
     results = {}
     for area, module, func in BENCHES:
         start = time.perf_counter()
-        measured = getattr(importlib.import_module(module), func)()
+        bench = getattr(importlib.import_module(module), func)
+        measured = bench(long=True) if long and area == "commands" else bench()
         results[area] = {**measured, "bench_wall_s": round(time.perf_counter() - start, 3),
                          "peak_rss_mib": round(_peak_rss_mib(), 1)}
     return results
 
 
-def main() -> int:
-    results = run()
+def main(argv: list[str] | None = None) -> int:
+    results = run(long="--long" in (sys.argv[1:] if argv is None else argv))
     for area, measured in results.items():
         print(f"[{area}]")
         for key, value in measured.items():

@@ -35,6 +35,8 @@ import math
 
 import numpy as np
 
+from model.specs.probability import normal_cdf
+
 MEASURED_EXCESS = 1.56  # hottest rank (max - mean) / mean, DeepSeek-R1, EP32, no redundancy
 MEASURED_EP = 32
 MEASURED_EXPERTS_PER_RANK = 8
@@ -45,10 +47,8 @@ def expected_max_normal(n: int) -> float:
     """E[max of n iid N(0, 1)] (0 for n <= 1)."""
     if n <= 1:
         return 0.0
-    from scipy.stats import norm
-
     z = np.linspace(-8.0, 8.0, 4001)
-    return float(np.sum(1.0 - norm.cdf(z) ** n) * (z[1] - z[0])) - 8.0
+    return float(np.sum(1.0 - normal_cdf(z) ** n) * (z[1] - z[0])) - 8.0
 
 
 def _lognormal_max_excess(cv: float, ranks: int) -> float:

@@ -1,5 +1,6 @@
-"""The full tier behind every number `plan` reports, and the one function `plan --deployment` and
-`serve --deployment` share (`evaluate_deployment`).
+"""The full tier behind every number `plan` reports: the search around one deployment's
+evaluation (model.plan.evaluate.evaluate_deployment, which `plan --deployment` and
+`serve --deployment` share).
 
 `plan` ranks candidates with the screening tier, then:
 1. shortlists the best distinct deployments (plan(s), worker counts, threshold, cadence) whose
@@ -11,30 +12,20 @@
 3. chooses the highest full-tier TPGS meeting the SLO. A shortlisted deployment whose screening
    TPGS falls more than TPGS_MARGIN below the best full-tier TPGS found so far is skipped (the
    tiers' TPGS agree within ~10% on the measured AgentX runs).
-Evaluations are memoized on (setup, deployment, load): a search, its Pareto points and a second
-plan of the same scenario reuse them.
+Evaluations are memoized on (setup, deployment, load) in model.plan.evaluate: a search, its
+Pareto points and a second plan of the same scenario reuse them.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from model.perf.parallel import normalize_plan, validate_plan
-from model.perf.step import build_step_model
-from model.plan.deployment import Deployment, DeploymentShape, PhaseConfig
-from model.plan.traffic import Keyed
-from model.serve.deployment import CacheChoice, DeploymentServing, serve_deployment
-from model.serve.policy import EnginePolicy
-from model.serve.pools import Workers
-from model.specs.defaults import KERNEL_LAUNCH, MAX_NUM_BATCHED_TOKENS
-from model.specs.precision import with_precision
-from model.specs.recipes import SPEC_OFF
-from model.specs.workload import ClosedLoop, Load
+from model.plan.deployment import Deployment
+from model.serve.deployment import DeploymentServing
 
 SLO_MARGIN = 0.25  # shortlist deployments whose screening comes within this of the SLO
 TPGS_MARGIN = 0.10  # skip one whose screening TPGS falls this far below the best full tier's
@@ -44,81 +35,6 @@ EVALUATIONS = 4  # full-tier evaluations per deployment on its way to the SLO's 
 EDGE_STEP = 1.25  # first step past a point when the screening predicts no move
 EDGE_TOLERANCE = 0.05  # the SLO's edge is bracketed to this share of its sessions
 DEPLOYMENT_KEYS = ("mode", "plan", "decode_plan", "replicas", "x", "y", "threshold", "interval")
-
-
-@dataclass(frozen=True)
-class ServingSetup:
-    """What the full tier serves a deployment with: the architecture and chips, the serving
-    format (weights, KV dtype, speculative decoding), the workload and the cache. Compared and
-    hashed by `key` (names and settings), so evaluations memoize on it."""
-
-    arch: object = field(compare=False)
-    hardware: object = field(compare=False)  # decode workers' and replicas' chip
-    prefill_hardware: object = field(compare=False)
-    workload: object = field(compare=False)
-    precision: str | None = field(default=None, compare=False)
-    kv_dtype: str | None = field(default=None, compare=False)
-    spec: tuple = field(default=SPEC_OFF, compare=False)
-    cache: CacheChoice = field(default=CacheChoice(), compare=False)
-    seed: int = field(default=0, compare=False)
-    key: tuple = ()
-
-
-def serving_setup(arch, hardware, prefill_hardware, workload, precision, kv_dtype, spec,
-                  cache: CacheChoice, seed: int = 0) -> ServingSetup:
-    key = (Keyed.arch(arch).key, hardware.name, prefill_hardware.name,
-           Keyed.workload(workload).key, precision, kv_dtype, tuple(spec), cache, seed)
-    return ServingSetup(arch, hardware, prefill_hardware, workload, precision, kv_dtype,
-                        tuple(spec), cache, seed, key)
-
-
-def evaluate_deployment(setup: ServingSetup, deployment: Deployment,
-                        load: Load | None = None) -> DeploymentServing:
-    """The full tier for `deployment` (its plans, workers and engine settings) under `load`
-    (default: its concurrency as a closed loop of sessions)."""
-    return _evaluate(setup, _bare(deployment), load or ClosedLoop(int(deployment.concurrency)))
-
-
-def _bare(deployment: Deployment) -> Deployment:
-    """The deployment without its serving format and extras (not part of its identity)."""
-    return replace(deployment, serving=None, extras={})
-
-
-@functools.lru_cache(maxsize=1024)
-def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> DeploymentServing:
-    policy = EnginePolicy(deployment.max_num_batched_tokens, deployment.max_num_seqs,
-                          deployment.long_prefill_token_threshold,
-                          deployment.prefill_schedule_interval, deployment.kernel_launch)
-    if deployment.mode == "aggregated":
-        replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True,
-                                            policy.max_num_batched_tokens, policy.kernel_launch),
-                          deployment.replica.instances)
-        return serve_deployment(setup.workload, policy, load, replicas=replica,
-                                cache=setup.cache, seed=setup.seed)
-    prefill = Workers(worker_step_model(setup, setup.prefill_hardware, deployment.prefill, False,
-                                        policy.max_num_batched_tokens, policy.kernel_launch),
-                      deployment.prefill.instances)
-    decode = Workers(worker_step_model(setup, setup.hardware, deployment.decode, True,
-                                       policy.max_num_batched_tokens, policy.kernel_launch),
-                     deployment.decode.instances)
-    link = min(float(setup.prefill_hardware.scale_out_bandwidth_bytes_per_s),
-               float(setup.hardware.scale_out_bandwidth_bytes_per_s))
-    return serve_deployment(setup.workload, policy, load, prefill=prefill, decode=decode,
-                            link_bytes_per_s=link, cache=setup.cache, seed=setup.seed)
-
-
-def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool,
-                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                      kernel_launch: str = KERNEL_LAUNCH):
-    """The worker's step model as the screening built it (prefill-only workers draft nothing),
-    its KV pool net of the activations of `max_num_batched_tokens` per step, its kernels
-    launched as `kernel_launch` says (model.specs.defaults.KERNEL_LAUNCH_MODES)."""
-    spec = setup.spec if decodes else SPEC_OFF
-    return build_step_model(setup.arch, hw, phase.plan, precision=setup.precision,
-                            kv_dtype=setup.kv_dtype, spec_tokens=spec[0],
-                            acceptance_length=spec[1], spec_method=spec[2],
-                            max_num_batched_tokens=max_num_batched_tokens,
-                            kernel_launch=kernel_launch)
 
 
 # ---------------------------------------------------------------- evaluated points
@@ -356,30 +272,3 @@ def full_tier_front(points: list[FullTierPoint]) -> list[FullTierPoint]:
     return sorted(front, key=lambda p: p.p90_interactivity_tok_s)
 
 
-def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency: int,
-                        policy: EnginePolicy) -> Deployment:
-    """The deployment a parsed label describes, served with `setup` and `policy`: its plans
-    normalized for the architecture as served and validated (a plan that does not fit is one
-    error line), as the screening writes them."""
-    sized = with_precision(setup.arch, setup.precision)
-
-    def phase(hw, plan, count: int, decodes: bool) -> PhaseConfig:
-        plan = normalize_plan(sized, plan)
-        validate_plan(sized, hw, plan)
-        return PhaseConfig(hw.name, worker_step_model(setup, hw, PhaseConfig(hw.name, plan, count),
-                                          decodes).plan, count)
-
-    common = {"arch": setup.arch.name, "concurrency": int(concurrency),
-              "max_num_batched_tokens": policy.max_num_batched_tokens,
-              "max_num_seqs": policy.max_num_seqs,
-              "long_prefill_token_threshold": policy.long_prefill_token_threshold,
-              "prefill_schedule_interval": policy.prefill_schedule_interval,
-              "kernel_launch": policy.kernel_launch}
-    if shape.mode == "aggregated":
-        return Deployment(mode="aggregated", replica=phase(setup.hardware, shape.replica,
-                                                           shape.replicas or 1, True), **common)
-    return Deployment(mode="disaggregated",
-                      prefill=phase(setup.prefill_hardware, shape.prefill,
-                                    shape.prefill_workers, False),
-                      decode=phase(setup.hardware, shape.decode, shape.decode_workers, True),
-                      **common)

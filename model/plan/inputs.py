@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.plan.full_tier import ServingSetup, serving_setup
+from model.plan.evaluate import ServingSetup, serving_setup
 from model.plan.plan_models import load_specs, served_kv_bytes_per_token
 from model.plan.search_cache import CacheSetup
 from model.plan.traffic import Traffic, traffic_for

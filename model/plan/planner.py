@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from model.perf.params import weight_bytes
-from model.plan import full_tier, plan_models, search_cache
+from model.plan import evaluate, plan_models, search_cache
 from model.plan import traffic as traffic_moments
 from model.plan.cost import CostSummary
 from model.plan.deployment import (
@@ -43,6 +43,7 @@ from model.plan.deployment import (
     PhaseConfig,
     parse_deployment_label,
 )
+from model.plan.evaluate import evaluate_deployment
 from model.plan.full_tier import (
     SLO_MARGIN,
     TPGS_MARGIN,
@@ -51,7 +52,6 @@ from model.plan.full_tier import (
     at_peak,
     at_slo,
     best_point,
-    evaluate_deployment,
     full_tier_front,
     shortlist,
 )
@@ -421,5 +421,5 @@ def clear_search_caches() -> None:
                plan_models.prefill_step_s, search_cache._capacities,
                search_cache._reload_s_per_token, search_cache._tier_hit_points,
                search_cache._grid_hits, traffic_moments._chunk_mix, traffic_moments._traffic_for,
-               full_tier._evaluate):
+               evaluate._evaluate):
         fn.cache_clear()

@@ -14,9 +14,9 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.stats import poisson
 
 from model.serve.queueing import expected_max_occupancy
+from model.specs.probability import poisson_cdf, poisson_pmf
 
 if TYPE_CHECKING:
     from model.serve.rank_engine import PrefillRuns, RankEngine
@@ -75,7 +75,7 @@ class AdmittingStep:
         it read (`counts_table`, kept from `table` while that reaches far enough)."""
         mean = self.eng.dp * m
         table = self.counts_table(mean + 12.0 * np.sqrt(mean) + 12.0, table)
-        return float(poisson.pmf(np.arange(len(table)), mean) @ table), table
+        return float(poisson_pmf(np.arange(len(table)), mean) @ table), table
 
     def at(self, top: np.ndarray, total: np.ndarray) -> np.ndarray:
         """Extension of admitting steps with `top` chunks on the busiest rank, `total` on all."""
@@ -124,8 +124,8 @@ def others_above(own_extension_s: np.ndarray, chunk_extension_s: float,
     the busiest."""
     h, c, m = own_extension_s, chunk_extension_s, chunks_per_rank
     n = np.arange(int(m + 12.0 * np.sqrt(m) + 12.0))
-    p = poisson.pmf(n, m)
-    q = np.diff(np.r_[0.0, poisson.cdf(n, m) ** (dp - 1)])  # pmf of the others' most
+    p = poisson_pmf(n, m)
+    q = np.diff(np.r_[0.0, poisson_cdf(n, m) ** (dp - 1)])  # pmf of the others' most
     cum_q, cum_jq = np.cumsum(q), np.cumsum(n * q)
     own = np.asarray(h, float)[:, None] + c * n[None, :]  # (h, N0)
     idx = np.clip(np.floor(own / max(c, 1e-300)).astype(int), -1, len(n) - 1)

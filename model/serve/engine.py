@@ -29,9 +29,9 @@ with one it is spread thinly over many steps.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from model.perf.microbatch import pipeline_lanes
 from model.serve.cache_effect import CacheEffect, deployment_cache
@@ -63,6 +63,9 @@ from model.serve.tpot_law import (
 from model.serve.ttft_law import QUANTILES, ttft_law, ttft_quantiles
 from model.specs.errors import ServecastError
 from model.specs.workload import ClosedLoop, Load, TraceArrivals, Workload
+
+if TYPE_CHECKING:  # sweeps return tables; serving itself starts without pandas
+    import pandas as pd
 
 # a closed loop's queue backlog below this share of its sessions' cycle (N / X) is the rate
 # solver's tolerance (it stops within 2e-4 of the root), not sessions waiting at saturation
@@ -296,6 +299,8 @@ def sweep(step_model, workload: Workload, policy: EnginePolicy, concurrencies, *
           ) -> pd.DataFrame:
     """Closed-loop serving at each concurrency: one row per point (unstable rows kept); the
     keywords are serve's."""
+    import pandas as pd
+
     rows = []
     for n in concurrencies:
         r = serve(step_model, workload, policy, ClosedLoop(int(n)), hit_rate=hit_rate,

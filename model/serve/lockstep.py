@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from scipy.stats import binom
 
 from model.serve.queueing import arrivals_kept
+from model.specs.probability import binom_pmf
 
 GRID = 4096
 
@@ -207,8 +207,8 @@ class LockstepSlots:
         starts = 1.0 - np.exp(-x * float(runs.mean()) * length)
         trans = np.zeros((dp + 1, dp + 1))
         for a in j:
-            freed = binom.pmf(np.arange(a + 1), a, ends[a])
-            born = binom.pmf(np.arange(dp - a + 1), dp - a, starts[a])
+            freed = binom_pmf(np.arange(a + 1), a, ends[a])
+            born = binom_pmf(np.arange(dp - a + 1), dp - a, starts[a])
             np.add.at(trans[a], a - np.arange(a + 1)[:, None] + np.arange(dp - a + 1)[None, :],
                       freed[:, None] * born[None, :])
         vals, vecs = np.linalg.eig(trans.T)

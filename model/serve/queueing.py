@@ -10,6 +10,7 @@ import functools
 import numpy as np
 
 from model.perf.expert_balance import expected_max_normal
+from model.specs.probability import poisson_cdf, poisson_pmf
 
 
 def kingman_wait_s(rho: float, mean_service_s: float, cs2: float, ca2: float = 1.0) -> float:
@@ -219,8 +220,6 @@ def expected_max_poisson(mean, n: int):
     if n <= 1:
         out = m
     else:
-        from scipy.stats import poisson
-
         out = np.empty_like(m)
         big = m > 400.0
         if np.any(big):
@@ -229,7 +228,7 @@ def expected_max_poisson(mean, n: int):
         if small.size:
             top = float(small.max())
             k = np.arange(int(top + 12.0 * np.sqrt(top) + 12.0))
-            out[~big] = np.sum(1.0 - poisson.cdf(k, small[..., None]) ** n, axis=-1)
+            out[~big] = np.sum(1.0 - poisson_cdf(k, small[..., None]) ** n, axis=-1)
     return float(out) if np.ndim(mean) == 0 else out
 
 
@@ -261,19 +260,17 @@ def _max_occupancy(balls: int, bins: int) -> float:
     limit beyond EXACT_OCCUPANCY balls per bin."""
     if balls <= 1:
         return float(balls)
-    from scipy.stats import poisson
-
     t = balls / bins
     if t > EXACT_OCCUPANCY:  # the normal limit, as in expected_max_poisson
         return t + np.sqrt(t) * expected_max_normal(bins)
     r_lo = int(np.ceil(t))
     r_hi = min(balls, int(t + 12.0 * np.sqrt(t) + 12.0))
-    pmf = poisson.pmf(np.arange(r_hi + 1), t)
+    pmf = poisson_pmf(np.arange(r_hi + 1), t)
     r = np.arange(r_lo, r_hi + 1)
     rows = np.where(np.arange(r_hi + 1)[None, :] <= r[:, None], pmf[None, :], 0.0)
     size = 1 << int(np.ceil(np.log2(bins * r_hi + 1)))
     power = np.fft.irfft(np.fft.rfft(rows, size, axis=1) ** bins, size, axis=1)[:, balls]
-    at_most = np.clip(power / poisson.pmf(balls, balls), 0.0, 1.0)
+    at_most = np.clip(power / poisson_pmf(balls, balls), 0.0, 1.0)
     # E[max] = sum over r >= 0 of P(max > r): 1 for every r below balls / bins
     return float(r_lo + np.sum(1.0 - at_most))
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from scipy.stats import gamma
+
+from model.specs.probability import gamma_cdf, gamma_ppf
 
 TAIL = 1e-12  # open loop: the chain stops where its stationary tail drops below this
 CDF_POINTS = 4097
@@ -50,7 +51,7 @@ class SlotWait:
         if not np.any(self.weights > 0):
             return 0.0
         shape, scale = self._shapes()
-        return float(np.max(gamma.ppf(p, shape, scale=scale)))
+        return float(np.max(gamma_ppf(p, shape, scale)))
 
     @cached_property
     def _cdf_table(self) -> tuple[np.ndarray, np.ndarray]:
@@ -61,7 +62,7 @@ class SlotWait:
         cdf = np.full(CDF_POINTS, 1.0 - float(self.weights.sum()))
         shape, scale = self._shapes()
         for j in np.flatnonzero(self.weights > 1e-15):
-            cdf += self.weights[j] * gamma.cdf(t, shape[j], scale=scale[j])
+            cdf += self.weights[j] * gamma_cdf(t, shape[j], scale[j])
         return t, cdf
 
     def pmf(self, dt: float, n: int) -> np.ndarray:

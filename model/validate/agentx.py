@@ -29,7 +29,7 @@ import pandas as pd
 
 from model import ROOT
 from model.plan.deployment import parse_deployment_label
-from model.plan.full_tier import evaluate_deployment, labelled_deployment
+from model.plan.evaluate import evaluate_deployment, labelled_deployment
 from model.plan.inputs import ServingChoices, setup_for
 from model.serve.policy import EnginePolicy
 from model.specs.defaults import KERNEL_LAUNCH, MAX_NUM_SEQS
@@ -130,7 +130,7 @@ def deployment_label(g: dict) -> str:
 def predict_group(g: dict, runs: pd.DataFrame) -> list[dict]:
     """One row per measured run of group `g`: measured and predicted metrics, relative errors
     (model / measured - 1). Each run is the full tier on the group's deployment at the run's
-    sessions (model.plan.full_tier.evaluate_deployment, as `servecast serve --deployment`)."""
+    sessions (model.plan.evaluate.evaluate_deployment, as `servecast serve --deployment`)."""
     arch, chip = ARCHES[g["model"]], CHIPS[g["hardware"]]
     spec = _spec_by_concurrency(g, arch, load_hardware(chip))
     deployed = int(g.get("deployed_gpus", g["gpus"]))

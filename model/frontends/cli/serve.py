@@ -194,7 +194,7 @@ def _simulated(setup, dep, w, policy, load, duration_s: float, seed: int, hit_ra
                cache: dict) -> dict:
     """The discrete-event simulator on one replica of the deployment, with the step model and
     hit rate the full tier used."""
-    from model.plan.full_tier import worker_step_model
+    from model.plan.evaluate import worker_step_model
     from model.serve.simulate import simulate
 
     if dep.mode != "aggregated" or dep.replica.instances != 1:
@@ -212,9 +212,9 @@ def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, pol
                       cache: dict, serving: tuple, seed: int, allow_beyond_window: bool
                       ) -> dict:
     """A whole deployment through the full tier, as `plan --deployment` evaluates it
-    (model.plan.full_tier.evaluate_deployment)."""
+    (model.plan.evaluate.evaluate_deployment)."""
     from model.plan.deployment import parse_deployment_label
-    from model.plan.full_tier import evaluate_deployment, labelled_deployment
+    from model.plan.evaluate import evaluate_deployment, labelled_deployment
     from model.plan.inputs import ServingChoices, setup_for, workload_within_window
     from model.specs.workload import ClosedLoop
 

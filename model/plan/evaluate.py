@@ -1,0 +1,126 @@
+"""One deployment served by the full tier: the function `serve --deployment`, `plan --deployment`
+and the measured-run scoreboard share (`evaluate_deployment`), the serving setup it keys on, and
+the deployment a parsed label describes (`labelled_deployment`). The search around it
+(shortlist, the SLO's edge, the Pareto points) is model.plan.full_tier; this module stays free
+of pandas, so `serve` starts without it."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+
+from model.perf.parallel import normalize_plan, validate_plan
+from model.perf.step import build_step_model
+from model.plan.deployment import Deployment, DeploymentShape, PhaseConfig
+from model.plan.traffic import Keyed
+from model.serve.deployment import CacheChoice, DeploymentServing, serve_deployment
+from model.serve.policy import EnginePolicy
+from model.serve.pools import Workers
+from model.specs.defaults import KERNEL_LAUNCH, MAX_NUM_BATCHED_TOKENS
+from model.specs.precision import with_precision
+from model.specs.recipes import SPEC_OFF
+from model.specs.workload import ClosedLoop, Load
+
+
+@dataclass(frozen=True)
+class ServingSetup:
+    """What the full tier serves a deployment with: the architecture and chips, the serving
+    format (weights, KV dtype, speculative decoding), the workload and the cache. Compared and
+    hashed by `key` (names and settings), so evaluations memoize on it."""
+
+    arch: object = field(compare=False)
+    hardware: object = field(compare=False)  # decode workers' and replicas' chip
+    prefill_hardware: object = field(compare=False)
+    workload: object = field(compare=False)
+    precision: str | None = field(default=None, compare=False)
+    kv_dtype: str | None = field(default=None, compare=False)
+    spec: tuple = field(default=SPEC_OFF, compare=False)
+    cache: CacheChoice = field(default=CacheChoice(), compare=False)
+    seed: int = field(default=0, compare=False)
+    key: tuple = ()
+
+
+def serving_setup(arch, hardware, prefill_hardware, workload, precision, kv_dtype, spec,
+                  cache: CacheChoice, seed: int = 0) -> ServingSetup:
+    key = (Keyed.arch(arch).key, hardware.name, prefill_hardware.name,
+           Keyed.workload(workload).key, precision, kv_dtype, tuple(spec), cache, seed)
+    return ServingSetup(arch, hardware, prefill_hardware, workload, precision, kv_dtype,
+                        tuple(spec), cache, seed, key)
+
+
+def evaluate_deployment(setup: ServingSetup, deployment: Deployment,
+                        load: Load | None = None) -> DeploymentServing:
+    """The full tier for `deployment` (its plans, workers and engine settings) under `load`
+    (default: its concurrency as a closed loop of sessions)."""
+    return _evaluate(setup, _bare(deployment), load or ClosedLoop(int(deployment.concurrency)))
+
+
+def _bare(deployment: Deployment) -> Deployment:
+    """The deployment without its serving format and extras (not part of its identity)."""
+    return replace(deployment, serving=None, extras={})
+
+
+@functools.lru_cache(maxsize=1024)
+def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> DeploymentServing:
+    policy = EnginePolicy(deployment.max_num_batched_tokens, deployment.max_num_seqs,
+                          deployment.long_prefill_token_threshold,
+                          deployment.prefill_schedule_interval, deployment.kernel_launch)
+    if deployment.mode == "aggregated":
+        replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True,
+                                            policy.max_num_batched_tokens, policy.kernel_launch),
+                          deployment.replica.instances)
+        return serve_deployment(setup.workload, policy, load, replicas=replica,
+                                cache=setup.cache, seed=setup.seed)
+    prefill = Workers(worker_step_model(setup, setup.prefill_hardware, deployment.prefill, False,
+                                        policy.max_num_batched_tokens, policy.kernel_launch),
+                      deployment.prefill.instances)
+    decode = Workers(worker_step_model(setup, setup.hardware, deployment.decode, True,
+                                       policy.max_num_batched_tokens, policy.kernel_launch),
+                     deployment.decode.instances)
+    link = min(float(setup.prefill_hardware.scale_out_bandwidth_bytes_per_s),
+               float(setup.hardware.scale_out_bandwidth_bytes_per_s))
+    return serve_deployment(setup.workload, policy, load, prefill=prefill, decode=decode,
+                            link_bytes_per_s=link, cache=setup.cache, seed=setup.seed)
+
+
+def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool,
+                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+                      kernel_launch: str = KERNEL_LAUNCH):
+    """The worker's step model as the screening built it (prefill-only workers draft nothing),
+    its KV pool net of the activations of `max_num_batched_tokens` per step, its kernels
+    launched as `kernel_launch` says (model.specs.defaults.KERNEL_LAUNCH_MODES)."""
+    spec = setup.spec if decodes else SPEC_OFF
+    return build_step_model(setup.arch, hw, phase.plan, precision=setup.precision,
+                            kv_dtype=setup.kv_dtype, spec_tokens=spec[0],
+                            acceptance_length=spec[1], spec_method=spec[2],
+                            max_num_batched_tokens=max_num_batched_tokens,
+                            kernel_launch=kernel_launch)
+
+
+def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency: int,
+                        policy: EnginePolicy) -> Deployment:
+    """The deployment a parsed label describes, served with `setup` and `policy`: its plans
+    normalized for the architecture as served and validated (a plan that does not fit is one
+    error line), as the screening writes them."""
+    sized = with_precision(setup.arch, setup.precision)
+
+    def phase(hw, plan, count: int, decodes: bool) -> PhaseConfig:
+        plan = normalize_plan(sized, plan)
+        validate_plan(sized, hw, plan)
+        return PhaseConfig(hw.name, worker_step_model(setup, hw, PhaseConfig(hw.name, plan, count),
+                                          decodes).plan, count)
+
+    common = {"arch": setup.arch.name, "concurrency": int(concurrency),
+              "max_num_batched_tokens": policy.max_num_batched_tokens,
+              "max_num_seqs": policy.max_num_seqs,
+              "long_prefill_token_threshold": policy.long_prefill_token_threshold,
+              "prefill_schedule_interval": policy.prefill_schedule_interval,
+              "kernel_launch": policy.kernel_launch}
+    if shape.mode == "aggregated":
+        return Deployment(mode="aggregated", replica=phase(setup.hardware, shape.replica,
+                                                           shape.replicas or 1, True), **common)
+    return Deployment(mode="disaggregated",
+                      prefill=phase(setup.prefill_hardware, shape.prefill,
+                                    shape.prefill_workers, False),
+                      decode=phase(setup.hardware, shape.decode, shape.decode_workers, True),
+                      **common)
