@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -26,12 +27,15 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from model import ROOT
+from model.specs import distributions
 from model.specs.defaults import SYSTEM_IDLE_CAP_S, TURN_GAP_CAP_S
 from model.specs.distributions import Distribution, ProfileModel
+from model.specs.draw_cache import cached_arrays, entry_key
 from model.specs.errors import ServecastError, SpecError
 from model.specs.specio import load_yaml
 
 WORKLOADS_DIR = ROOT / "data" / "workloads"
+MIX_FIELDS = ("context_tokens", "uncached_tokens", "output_tokens", "gap_s", "wall_weight")
 
 
 class Subagents(ProfileModel):
@@ -303,22 +307,7 @@ def _draw_sessions(w: Workload, n: int, seed: int) -> list[SessionSpec]:
 
 
 def _request_mix(w: Workload, n: int, seed: int, hit_rate: float | None) -> RequestMix:
-    if w.kind == "requests":
-        sessions = _draw_sessions(w, n, seed)
-    else:
-        sessions, count = [], 0
-        rng_seed = seed
-        while count < n:  # draw sessions until about n requests (request-weighted mix)
-            batch = _draw_sessions(w, 64, rng_seed)
-            rng_seed += 1
-            for s in batch:
-                sessions.append(s)
-                count += len(s.context_tokens)
-                if count >= n:
-                    break
-    mix = RequestMix(*(np.concatenate([getattr(s, f) for s in sessions])
-                       for f in ("context_tokens", "uncached_tokens", "output_tokens", "gap_s")),
-                     _wall_weight(w, sessions))
+    mix = _drawn_mix(w, n, seed)
     if hit_rate is None:
         return mix
     if not 0.0 <= hit_rate < 1.0:
@@ -332,6 +321,39 @@ def _request_mix(w: Workload, n: int, seed: int, hit_rate: float | None) -> Requ
         uncached = np.maximum(np.round(mix.context_tokens - np.minimum(cached * scale,
                                                                       mix.context_tokens)), 1.0)
     return dataclasses.replace(mix, uncached_tokens=uncached)
+
+
+def _drawn_mix(w: Workload, n: int, seed: int) -> RequestMix:
+    """The request-weighted draw of about `n` requests, through the disk cache of draws
+    (model.specs.draw_cache) unless it replays recorded sessions from a file."""
+    if w.bootstrap is not None:
+        return _draw_mix(w, n, seed)
+    key = entry_key(f"{w.model_dump_json()}|{n}|{seed}", (sys.modules[__name__], distributions))
+
+    def draw() -> dict[str, np.ndarray]:
+        mix = _draw_mix(w, n, seed)
+        return {f: getattr(mix, f) for f in MIX_FIELDS if getattr(mix, f) is not None}
+
+    arrays = cached_arrays("request-mix", key, draw)
+    return RequestMix(*(arrays.get(f) for f in MIX_FIELDS))
+
+
+def _draw_mix(w: Workload, n: int, seed: int) -> RequestMix:
+    if w.kind == "requests":
+        sessions = _draw_sessions(w, n, seed)
+    else:
+        sessions, count = [], 0
+        rng_seed = seed
+        while count < n:  # draw sessions until about n requests (request-weighted mix)
+            batch = _draw_sessions(w, 64, rng_seed)
+            rng_seed += 1
+            for s in batch:
+                sessions.append(s)
+                count += len(s.context_tokens)
+                if count >= n:
+                    break
+    return RequestMix(*(np.concatenate([getattr(s, f) for s in sessions])
+                        for f in MIX_FIELDS[:4]), _wall_weight(w, sessions))
 
 
 def _wall_weight(w: Workload, sessions: list[SessionSpec]) -> np.ndarray | None:

@@ -1,0 +1,77 @@
+"""A disk cache for deterministic random draws (the workload's request sample): the same inputs
+and the same sampling code always draw the same arrays, and drawing a 320,000-request sample of
+an agentic profile costs a fresh process about a second, more than the rest of a `serve`.
+
+An entry is keyed by a SHA-256 over the caller's inputs, the source of the modules that draw
+(`code`) and numpy's version (its generators' streams), so editing the sampler or upgrading
+numpy can never return a stale draw. It lives in `$SERVECAST_CACHE_DIR`, else
+`$XDG_CACHE_HOME/servecast`, else `~/.cache/servecast`; `SERVECAST_CACHE_DIR=off` turns it off.
+A directory that cannot be written, or an entry that cannot be read, only means drawing again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+CACHE_ENV = "SERVECAST_CACHE_DIR"
+
+
+def cache_dir() -> Path | None:
+    """Where entries live (None: caching is off)."""
+    chosen = os.environ.get(CACHE_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off") else Path(chosen).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "servecast"
+
+
+@functools.lru_cache(maxsize=16)
+def _source_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def entry_key(inputs: str, code: tuple[ModuleType, ...]) -> str:
+    """The entry's name: a digest of `inputs`, the `code` modules' source and numpy's version."""
+    digest = hashlib.sha256(inputs.encode())
+    for module in code:
+        digest.update(_source_digest(module.__file__).encode())
+    digest.update(np.__version__.encode())
+    return digest.hexdigest()
+
+
+def cached_arrays(kind: str, key: str, draw: Callable[[], dict[str, np.ndarray]]
+                  ) -> dict[str, np.ndarray]:
+    """`draw()`'s named arrays, read from the entry `kind`-`key`.npz when it exists, else drawn
+    and stored (written to a temporary file and renamed, so concurrent processes never read
+    half an entry)."""
+    folder = cache_dir()
+    path = None if folder is None else folder / f"{kind}-{key}.npz"
+    if path is not None and path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as stored:
+                return {name: stored[name] for name in stored.files}
+        except (OSError, ValueError, KeyError):  # a damaged entry: draw it again
+            pass
+    arrays = draw()
+    if path is not None:
+        _store(path, arrays)
+    return arrays
+
+
+def _store(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".npz")
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(tmp, path)
+    except OSError:  # read-only or full: the cache is only a speed-up
+        return
