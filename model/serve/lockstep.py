@@ -374,12 +374,13 @@ class _MergeLaw:
     def extra(self, arrivals_per_chunk: float) -> float:
         """Full slots per request beyond the per-prompt count when `arrivals_per_chunk` prompts
         reach a rank per slot of a run (a run of f chunks queues Poisson(f that) of them)."""
+        # one transform per run length, all lengths at once (rows)
+        pmf = np.fft.irfft(self.run_last * np.exp(arrivals_per_chunk * self.counts[:, None]
+                                                  * self.piece), 2 * self.BINS)[:, :self.BINS]
+        sf = 1.0 - np.cumsum(np.maximum(pmf, 0.0), axis=1)
         total = 0.0
-        for f, share in zip(self.counts, self.share, strict=True):
-            pmf = np.fft.irfft(self.run_last * np.exp(arrivals_per_chunk * f * self.piece),
-                               2 * self.BINS)[:self.BINS]
-            sf = 1.0 - np.cumsum(np.maximum(pmf, 0.0))
-            total += share * float(np.sum(sf[self.full_at]))
+        for share, row in zip(self.share, np.sum(sf[:, self.full_at], axis=1), strict=True):
+            total += share * float(row)
         return total
 
 

@@ -94,12 +94,22 @@ def split_bins(pos: np.ndarray, weights, n: int) -> np.ndarray:
     """Mass (weights, default 1) of points at fractional grid positions `pos`, each split
     between its two neighbouring grid points in proportion (the mean position is kept, where
     flooring loses half a cell on average); positions past the grid go to its last point."""
+    return split_bins_each(pos, (weights,), n)[0]
+
+
+def split_bins_each(pos: np.ndarray, weights: tuple, n: int) -> list[np.ndarray]:
+    """`split_bins` of the same positions under each of several weight vectors (None: 1),
+    locating the points once."""
     pos = np.clip(np.asarray(pos, float), 0.0, n - 1.0)
-    w = np.ones_like(pos) if weights is None else np.asarray(weights, float)
     low = np.floor(pos).astype(int)
     frac = pos - low
-    return (np.bincount(low, w * (1.0 - frac), minlength=n + 1)
-            + np.bincount(low + 1, w * frac, minlength=n + 1))[:n]
+    high, keep = low + 1, 1.0 - frac
+    out = []
+    for weights_i in weights:
+        w = np.ones_like(pos) if weights_i is None else np.asarray(weights_i, float)
+        out.append((np.bincount(low, w * keep, minlength=n + 1)
+                    + np.bincount(high, w * frac, minlength=n + 1))[:n])
+    return out
 
 
 def expected_min(sorted_s: np.ndarray, x, weights: np.ndarray | None = None,

@@ -26,7 +26,7 @@ from model.serve.queueing import (
     excitation_shape,
     expected_max_poisson,
     quantiles_from_pmf,
-    split_bins,
+    split_bins_each,
 )
 from model.serve.rank_engine import window_bin_index
 from model.serve.rate_solver import SolvedRate
@@ -73,10 +73,9 @@ class TtftLaw:
         # merge P(L < w), then take `late`. Four parts: (plain, tilted) weights against the
         # wait f and its tilt f exp(-x w), each split into kept and merged.
         both, moved = np.r_[base, late], np.r_[-merge, merge]
-        parts = (split_bins(base / dt, plain, TTFT_GRID),
-                 split_bins(base / dt, tilted, TTFT_GRID),
-                 split_bins(both / dt, np.r_[plain, plain] * moved, TTFT_GRID),
-                 split_bins(both / dt, np.r_[tilted, tilted] * moved, TTFT_GRID))
+        parts = (*split_bins_each(base / dt, (plain, tilted), TTFT_GRID),
+                 *split_bins_each(both / dt, (np.r_[plain, plain] * moved,
+                                              np.r_[tilted, tilted] * moved), TTFT_GRID))
         own_hat = sum(np.fft.rfft(part, 2 * TTFT_GRID) * hat
                       for part, hat in zip(parts, hats, strict=True))
         pmf = np.fft.irfft(own_hat, 2 * TTFT_GRID)[:TTFT_GRID]
