@@ -16,7 +16,11 @@ from model.plan.traffic import Keyed
 from model.serve.deployment import CacheChoice, DeploymentServing, serve_deployment
 from model.serve.policy import EnginePolicy
 from model.serve.pools import Workers
-from model.specs.defaults import KERNEL_LAUNCH, MAX_NUM_BATCHED_TOKENS
+from model.specs.defaults import (
+    FRONTEND_S_PER_PROMPT_TOKEN,
+    KERNEL_LAUNCH,
+    MAX_NUM_BATCHED_TOKENS,
+)
 from model.specs.precision import with_precision
 from model.specs.recipes import SPEC_OFF
 from model.specs.workload import ClosedLoop, Load
@@ -62,9 +66,12 @@ def _bare(deployment: Deployment) -> Deployment:
 
 @functools.lru_cache(maxsize=1024)
 def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> DeploymentServing:
+    # the deployment's engines behind their API server, which renders and tokenizes each
+    # request's whole prompt before an engine sees it
     policy = EnginePolicy(deployment.max_num_batched_tokens, deployment.max_num_seqs,
                           deployment.long_prefill_token_threshold,
-                          deployment.prefill_schedule_interval, deployment.kernel_launch)
+                          deployment.prefill_schedule_interval, deployment.kernel_launch,
+                          FRONTEND_S_PER_PROMPT_TOKEN)
     if deployment.mode == "aggregated":
         replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True,
                                             policy.max_num_batched_tokens, policy.kernel_launch),

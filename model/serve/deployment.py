@@ -73,7 +73,8 @@ def serve_deployment(workload: Workload, policy: EnginePolicy, load: Load, *,
     by links of `link_bytes_per_s` per GPU, under `load` (the whole deployment's)."""
     if replicas is not None and prefill is None and decode is None:
         served = _aggregated(workload, policy, load, replicas, cache, seed)
-        return replace(served, assumptions=served.assumptions + _chains(workload, load, seed))
+        return replace(served, assumptions=served.assumptions + _chains(workload, load, seed)
+                       + _frontend(policy, served.result))
     if replicas is None and prefill is not None and decode is not None:
         if not link_bytes_per_s or link_bytes_per_s <= 0:
             raise ServecastError("disaggregated deployment: link_bytes_per_s: the KV hand-off "
@@ -82,11 +83,21 @@ def serve_deployment(workload: Workload, policy: EnginePolicy, load: Load, *,
                                   float(link_bytes_per_s), seed=seed, **cache.serve_kwargs())
         notes = ("disaggregated: prefill ranks FCFS on whole-budget chunks, sessions sticky to "
                  "a rank; only the turn's new KV moves; decode steps with the disaggregated "
-                 "engine factor",) + _chains(workload, load, seed)
+                 "engine factor",) + _chains(workload, load, seed) + _frontend(policy, result)
         return DeploymentServing(result, "disaggregated", prefill.gpus + decode.gpus, notes,
                                  None if sol is None else sol.state.utilization)
     raise ServecastError("serve_deployment: give `replicas` (aggregated) or `prefill` and "
                          "`decode` (disaggregated)")
+
+
+def _frontend(policy: EnginePolicy, result: ServingResult) -> tuple[str, ...]:
+    """The assumption the API server's time in front of the engines states."""
+    if policy.frontend_s_per_prompt_token <= 0:
+        return ()
+    return (f"the API server renders and tokenizes each request's whole prompt before an "
+            f"engine sees it, {policy.frontend_s_per_prompt_token * 1e6:.2f} us a token "
+            f"({result.mean_frontend_s:.2f} s a request on average, in TTFT; HF tokenizers as "
+            "timed in TensorRT-LLM's front end; template rendering not counted)",)
 
 
 def _chains(workload: Workload, load: Load, seed: int) -> tuple[str, ...]:
@@ -176,5 +187,6 @@ def combine(parts: list[tuple[int, ServingResult]], replicas: int, load: Load) -
         / sum(m for m, _ in parts),
         prefill_step_share=mean(lambda res: res.prefill_step_share),
         hit_rate=mean(lambda res: res.hit_rate), mean_reload_s=mean(lambda res: res.mean_reload_s),
+        mean_frontend_s=mean(lambda res: res.mean_frontend_s),
         e2e_interactivity_tok_s={k: 1.0 / v for k, v in e2e.items()},
         goodput_requests_per_s=None, slo_attainment=None)

@@ -123,6 +123,7 @@ class ServingResult:
     policy: dict = field(default_factory=dict)
     cache: dict | None = None  # the cache model behind hit_rate (None: profile / override)
     mean_reload_s: float = 0.0  # mean lower-tier KV reload each request waits (in TTFT)
+    mean_frontend_s: float = 0.0  # mean time the front end holds a request (in TTFT)
     # InferenceX AgentX's E2E normalized interactivity: pXX = 1 / pXX of E2EL / OSL (TTFT counts)
     e2e_interactivity_tok_s: dict = field(default_factory=dict)
 
@@ -216,7 +217,8 @@ def _solved(eng: RankEngine, load: Load, dp: int, policy: EnginePolicy, cache,
                          policy)
     return ServingResult(**result, hit_rate=float(hit), bounded_by=bounded,
                          policy=policy.as_dict(), cache=cache.summary() if cache else None,
-                         mean_reload_s=eng.mean_reload_s)
+                         mean_reload_s=eng.mean_reload_s,
+                         mean_frontend_s=float(eng.frontend_s.mean()))
 
 
 def _engine(step_model, workload, policy: EnginePolicy, load: Load, dp: int,
@@ -232,10 +234,12 @@ def _engine(step_model, workload, policy: EnginePolicy, load: Load, dp: int,
             hit_rate = cache_hit_rate(cache, workload, mix_size, seed)
         rm = request_mix_for(workload, mix_size, seed, hit_rate)
         qm = request_mix_for(workload, mix_size, seed, hit_rate, queue=True)
-    mix = request_sample(rm, load)
-    reload_s = cache.reload_s(mix.context_tokens, mix.gap_s) if cache else None
+    mix = request_sample(rm, load, policy)
+    # a prefetch hides the reload behind the client's gap, which ends before the front end's
+    client_gap_s = request_sample(rm, load).gap_s
+    reload_s = cache.reload_s(mix.context_tokens, client_gap_s) if cache else None
     return rank_engine(step_model, mix, policy, dp,
-                       None if qm is rm else request_sample(qm, load), reload_s)
+                       None if qm is rm else request_sample(qm, load, policy), reload_s)
 
 
 def _laws(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,

@@ -28,6 +28,11 @@ class EnginePolicy:
     counter is shared across DP ranks, so prefill lands on the same steps everywhere (1 = off).
     `kernel_launch`: how a step's kernels are launched (model.specs.defaults.KERNEL_LAUNCH_MODES:
     CUDA graphs, --enforce-eager, or eager with CUDA_LAUNCH_BLOCKING=1).
+    `frontend_s_per_prompt_token`: seconds the API server in front of the engine spends per
+    prompt token rendering and tokenizing each request's whole prompt before the engine sees
+    it; 0, the default, is the engine alone, as the queue laws and the simulator agreement study
+    it. A deployment sets its front end's (model.plan.evaluate, with
+    model.specs.defaults.FRONTEND_S_PER_PROMPT_TOKEN).
     """
 
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
@@ -35,8 +40,13 @@ class EnginePolicy:
     long_prefill_token_threshold: int = 0
     prefill_schedule_interval: int = 1
     kernel_launch: str = KERNEL_LAUNCH
+    frontend_s_per_prompt_token: float = 0.0
 
     def __post_init__(self) -> None:
+        rate = self.frontend_s_per_prompt_token
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+            raise ServecastError(f"EnginePolicy: frontend_s_per_prompt_token: must be a number "
+                                 f"of seconds in [0, 1), got {rate!r}")
         if self.kernel_launch not in KERNEL_LAUNCH_MODES:
             raise ServecastError(f"EnginePolicy: kernel_launch: allowed "
                                  f"{', '.join(KERNEL_LAUNCH_MODES)}, got {self.kernel_launch!r}")
@@ -54,6 +64,11 @@ class EnginePolicy:
             # vLLM's SchedulerConfig rejects this too: every running decode needs a token
             raise ServecastError("EnginePolicy: max_num_batched_tokens: must be >= max_num_seqs "
                                  f"({self.max_num_batched_tokens} < {self.max_num_seqs})")
+
+    def frontend_s(self, prompt_tokens):
+        """Seconds the front end holds each request of `prompt_tokens` (its whole prompt)
+        before the engine sees it."""
+        return self.frontend_s_per_prompt_token * prompt_tokens
 
     @property
     def chunk_cap(self) -> float:

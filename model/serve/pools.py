@@ -33,7 +33,9 @@ Per request i of the mix (context c_i, uncached u_i, output o_i, gap z_i), with 
   with n_D the sessions per decode rank (1 + b with open arrivals). The batch stops at
   b_cap = min(max_num_seqs, KV pool / E[c + o]) per rank; there the batch is always full
   (T_seen = T(b_cap)) and the sessions beyond it wait for admission.
-- TTFT_i = reload_i + W + S_i(rho) + H_i + T_seen (the first decode step) (+ the admission wait).
+- TTFT_i = F_i + reload_i + W + S_i(rho) + H_i + T_seen (the first decode step) (+ the admission
+  wait), F_i the front end's render and tokenization of the prompt (EnginePolicy.frontend_s),
+  which a closed loop's pools see as part of the session's gap.
 - Closed loop: N = X (Z_eff + E[TTFT] + E[w] T_seen) (response-time law), Z_eff the mean gap
   under the system idle cap at N lanes; solved for X by Brent's method below the prefill
   saturation and the decode cap.
@@ -108,6 +110,7 @@ class Pools:
     tokens_per_request: float  # E[c + o]
     gap_s: np.ndarray  # the sessions' gaps, capped per trajectory
     reload_s: np.ndarray  # lower-tier KV reload before the prefill
+    frontend_s: np.ndarray  # the front end's render and tokenization before the prefill queue
     prefill: PrefillService
     handoff_s: np.ndarray
     decode_steps: np.ndarray  # w_i: decode steps after the first token
@@ -140,8 +143,10 @@ def build_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
         cache = deployment_cache(prefill.step_model, workload,
                                  _live_sessions(workload, load, seed) / prefill.count,
                                  cache_policy, cache_tiers, prefetch_reload)
-    mix = request_sample(request_mix_for(workload, seed=seed, hit_rate=_served_hit_rate(
-        workload, cache, hit_rate, seed)), load)  # a closed loop's gaps capped, per chain
+    drawn = request_mix_for(workload, seed=seed, hit_rate=_served_hit_rate(workload, cache,
+                                                                             hit_rate, seed))
+    # a closed loop's gaps capped, per chain, ending when the front end hands the request over
+    mix = request_sample(drawn, load, policy)
     c, u, o, gap = mix.context_tokens, mix.uncached_tokens, mix.output_tokens, mix.gap_s
     service = prefill_service(prefill.step_model, c, u, policy.max_num_batched_tokens)
     sender = prefill.step_model
@@ -153,9 +158,12 @@ def build_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
     lanes_model, lanes = pipeline_lanes(decode.step_model)
     batch, step_s, cap, bounded = decode_steps(lanes_model, lanes, policy, c, o, steps,
                                                lanes // decode.ranks)
-    reload = cache.reload_s(c, gap) if cache else np.zeros_like(c)
+    # a prefetch hides the reload behind the client's gap, which ends before the front end's
+    reload = (cache.reload_s(c, request_sample(drawn, load).gap_s) if cache
+              else np.zeros_like(c))
     return Pools(prefill.gpus + decode.gpus, prefill.count * prefill.ranks,
-                 decode.count * lanes, lanes, o, float(np.mean(c + o)), gap, reload, service,
+                 decode.count * lanes, lanes, o, float(np.mean(c + o)), gap, reload,
+                 policy.frontend_s(c), service,
                  np.asarray(handoff, float), steps, q, batch, step_s, cap,
                  bounded, mix.hit_rate, cache or None, mix.lanes_per_session)
 
@@ -447,10 +455,11 @@ def solve_closed(pools: Pools, load: ClosedLoop, passes: int = 3) -> PoolSolutio
 
 def ttft_law(pools: Pools, load: Load, sol: PoolSolution, sessions: float | None):
     """(grid, pmf) of TTFT: the prefill rank's FCFS wait convolved with each request's own
-    reload + service + pipeline + hand-off + first decode step (+ the admission wait)."""
+    front end + reload + service + pipeline + hand-off + first decode step (+ the admission
+    wait)."""
     st = sol.state
-    own = (pools.reload_s + st.service_s + st.pipeline_s + pools.handoff_s + st.decode_step_s
-           + sol.admission_wait_s)
+    own = (pools.frontend_s + pools.reload_s + st.service_s + st.pipeline_s + pools.handoff_s
+           + st.decode_step_s + sol.admission_wait_s)
     x_p = st.rate_rps / pools.prefill_ranks
     dt, wait = _wait_law(st.service_s, st.utilization, x_p,
                          sol.gap_s if isinstance(load, ClosedLoop) else None,
@@ -575,6 +584,7 @@ def _result(pools: Pools, load: Load, sol: PoolSolution, sessions: float | None,
         hit_rate=pools.hit_rate, bounded_by=sol.bounded_by, policy=policy.as_dict(),
         cache=pools.cache.summary() if pools.cache else None,
         mean_reload_s=float(pools.reload_s.mean()),
+        mean_frontend_s=float(pools.frontend_s.mean()),
         e2e_interactivity_tok_s={n: 1.0 / float(v) for n, v in zip(names, e2e, strict=True)})
 
 

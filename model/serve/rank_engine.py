@@ -3,7 +3,8 @@
 `RankEngine` holds the step model, the engine policy, the request sample `serve` integrates over
 (and the larger sample the FCFS wait law reads), and everything fixed by them: the decode steps
 each request takes, the decode context, the step model tabulated once (`ExtensionTable`), each
-request's lower-tier KV reload. Every array runs over the request sample. The closed loop's two
+request's lower-tier KV reload and its time in the front end. Every array runs over the request
+sample. The closed loop's two
 adjustments (gaps under the idle cap, the mean step a decoding request sees) give a new engine
 (`with_gaps`, `with_seen_ratio`); nothing in one changes after it is built.
 
@@ -55,6 +56,9 @@ class RankEngine:
     dp: int
     reload_s: np.ndarray  # per request: lower-tier KV reload, outside the queue
     mean_reload_s: float
+    # per request: the front end's render and tokenization of its whole prompt. The engine sees
+    # that time as part of the session's gap (a closed loop's gaps include it); TTFT counts it
+    frontend_s: np.ndarray
     # the mean step a decoding sequence sees over the mean step: windows open where prefills
     # complete, so they sit in long steps more often than steps do (the closed loop's decode time)
     seen_ratio: float
@@ -170,7 +174,8 @@ def rank_engine(step_model, sample: RequestMix, policy: EnginePolicy, dp: int,
                             policy.max_num_seqs)
     reload = np.zeros(len(c)) if reload_s is None else reload_s
     return RankEngine(
-        step_model, sample, queue_sample, policy, dp, reload, float(reload.mean()), 1.0, q,
+        step_model, sample, queue_sample, policy, dp, reload, float(reload.mean()),
+        policy.frontend_s(c), 1.0, q,
         decode_steps, float(decode_steps.mean()), c_d, 1.0 / dp, table,
         table.context_index(c),
         None if queue_sample is None else table.context_index(queue_sample.context_tokens))

@@ -23,13 +23,13 @@ from model.serve.threshold_prefill import ThresholdPrefill, solve_threshold
 class SolvedRate:
     """The steady state at one rate: the balanced steps, the prefill part, why it cannot be
     served ("" when it can), the closed loop's session gaps (None: open arrivals), each
-    request's reload, and where the next solve starts."""
+    request's time before its prefill (front end and reload), and where the next solve starts."""
 
     balance: StepBalance
     prefill: FcfsPrefill | ThresholdPrefill | StalledPrefill
     reason: str
     session_gaps_s: np.ndarray | None
-    reload_s: np.ndarray
+    before_prefill_s: np.ndarray
     warm_start: WarmStart
 
     @property
@@ -65,7 +65,7 @@ def solve_rate(eng: RankEngine, rate_per_rank_rps: float, ca2: float,
     gaps = eng.queue.gap_s if n_sessions else None
 
     def solved(prefill, reason: str = "", warm_start: WarmStart = warm) -> SolvedRate:
-        return SolvedRate(bal, prefill, reason, gaps, eng.reload_s, warm_start)
+        return SolvedRate(bal, prefill, reason, gaps, eng.reload_s + eng.frontend_s, warm_start)
 
     k = bal.runs.chunks
     if bal.prefill_share >= 1.0 or not np.isfinite(bal.mean_step_s):

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from model.specs.errors import ServecastError
 from model.specs.workload import ClosedLoop, Load, RequestMix, Workload
+
+if TYPE_CHECKING:
+    from model.serve.policy import EnginePolicy
 
 # requests drawn from the profile (deterministic seed). AgentX prefill work is heavy-tailed:
 # across seeds its mean (uncached x context) varies 10.7% at 4,000 draws and 3.9% at 20,000,
@@ -84,17 +88,22 @@ def _thinned(big: RequestMix, keep: slice) -> RequestMix:
                       None if big.wall_weight is None else big.wall_weight[keep])
 
 
-def request_sample(mix: RequestMix, load: Load) -> RequestMix:
+def request_sample(mix: RequestMix, load: Load, policy: EnginePolicy | None = None
+                   ) -> RequestMix:
     """The sample as the engine reads it: float arrays, a closed loop's gaps capped. Where
     subagents run beside their parent (wall weights w below 1), a closed loop of N sessions
     is N / E[w] request chains (`RequestMix.lanes_per_session`), each gap weighted by
     w / E[w]: Little's law over a session's clock, N = X E[w (Z + R)], with the response R
-    the same for every request."""
+    the same for every request. A closed loop's gap, as the engine sees it, ends when the
+    front end hands the request over (`policy.frontend_s` of its prompt after the client's
+    gap), as it does in model.serve.simulate."""
     gap = mix.gap_s
     if isinstance(load, ClosedLoop):
         gap = np.minimum(gap, load.gap_cap_s)
         if mix.wall_weight is not None:
             gap = gap * mix.wall_weight / float(mix.wall_weight.mean())
+        if policy is not None:
+            gap = gap + policy.frontend_s(mix.context_tokens)
     return RequestMix(mix.context_tokens.astype(float), mix.uncached_tokens.astype(float),
                       mix.output_tokens.astype(float), gap.astype(float), mix.wall_weight)
 

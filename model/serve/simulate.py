@@ -207,6 +207,12 @@ class _Simulation:
         heapq.heappush(self.events, (t, self.seq, i))
         self.seq += 1
 
+    def _send(self, t: float, context_tokens, uncached_tokens, output_tokens, lane) -> None:
+        """A client sends a request at `t` (its TTFT counts from then); the engine sees it once
+        the front end has rendered and tokenized its whole prompt."""
+        i = self.reqs.add(t, context_tokens, uncached_tokens, output_tokens, lane)
+        self._push(t + float(self.policy.frontend_s(context_tokens)), i)
+
     def start_lanes(self, pool, rng) -> None:
         """One lane per session slot, each at a random turn of its first session, its first
         arrival staggered over one second."""
@@ -218,8 +224,7 @@ class _Simulation:
             start = int(rng.integers(0, len(sess[0])))  # warm start at a random turn
             self.lanes.append(_Lane(sess, start))
             t0 = float(rng.uniform(0, 1.0))
-            self._push(t0, self.reqs.add(t0, sess[0][start], sess[1][start], sess[2][start],
-                                         lane))
+            self._send(t0, sess[0][start], sess[1][start], sess[2][start], lane)
 
     def start_open(self, mix, rng) -> None:
         """Gamma inter-arrivals at the load's rate and CV, requests cycling through `mix`."""
@@ -228,8 +233,7 @@ class _Simulation:
         while t < self.stop_s:
             t += rng.gamma(shape, 1.0 / (shape * self.load.rate_per_s))
             k = j % len(mix)
-            self._push(t, self.reqs.add(t, mix.context_tokens[k], mix.uncached_tokens[k],
-                                        mix.output_tokens[k], j))
+            self._send(t, mix.context_tokens[k], mix.uncached_tokens[k], mix.output_tokens[k], j)
             j += 1
 
     def start_trace(self) -> None:
@@ -237,8 +241,8 @@ class _Simulation:
         for j, t in enumerate(load.arrival_s):
             if t >= self.stop_s:
                 break
-            self._push(float(t), self.reqs.add(float(t), load.context_tokens[j],
-                                               load.uncached_tokens[j], load.output_tokens[j], j))
+            self._send(float(t), load.context_tokens[j], load.uncached_tokens[j],
+                       load.output_tokens[j], j)
 
     def run(self, max_steps: int, warmup_s: float) -> None:
         draining = None  # the measured requests still unfinished at duration_s
@@ -389,7 +393,7 @@ class _Simulation:
         k = st.turn
         arrive = self.clock_s + (min(float(gap[k]), self.load.gap_cap_s) * clock_share[k]
                                  if k > 0 else 0.0)
-        self._push(arrive, reqs.add(arrive, ctx[k], unc[k], out[k], lane))
+        self._send(arrive, ctx[k], unc[k], out[k], lane)
 
     def result(self, warmup_s: float) -> SimResult:
         reqs, duration_s = self.reqs, self.duration_s

@@ -98,7 +98,7 @@ def ttft_quantiles(law: TtftLaw, distribution) -> tuple[np.ndarray, float]:
     grid, pmf = distribution
     st, p = law.state, law.state.prefill
     mean = float(np.mean(p.ttft_base_s)) + law.admit_wait_s + p.mean_wait_s * p.wait_scale
-    mean += float(np.mean(st.reload_s))
+    mean += float(np.mean(st.before_prefill_s))
     mean += p.shared_steps_mean_s
     return quantiles_from_pmf(pmf, grid, QUANTILES), mean
 
@@ -121,7 +121,7 @@ def _own_ttft(st: SolvedRate, admit_wait: float, sel=None):
         return a if sel is None else a[sel]
 
     base = pick(p.ttft_base_s) + admit_wait
-    base = base + pick(st.reload_s)
+    base = base + pick(st.before_prefill_s)
     late = base - td
     merge = pick(p.merge)
     weights = np.full(len(base), 1.0 / len(base))
@@ -208,7 +208,7 @@ def _shared_bins(st: SolvedRate, shift: float) -> tuple:
     lam, heights, k, steps_own, own = sh.rate_per_step, sh.heights_s, sh.steps, sh.own_steps, \
         sh.own_s
     h_own = np.maximum(own - steps_own * td, 0.0) / np.maximum(steps_own, 1.0)
-    own = own + st.reload_s
+    own = own + st.before_prefill_s
     which = window_bin_index(np.maximum(steps_own, 1.0), steps_own.max() + 2)
     # the runs present at arrival drew arrivals over their own spans
     eta = run_excitation(tbar, td, gaps, k) if thr.excite else 0.0

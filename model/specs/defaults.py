@@ -27,6 +27,15 @@ EAGER_LAUNCH_S = 10e-6
 # a 2.9 us kernel at 9.6 us per kernel with a stream synchronization after each launch and
 # 3.8 us without, 5.8 us per synchronous round trip; taken to carry to Hopper hosts (assumed).
 SYNC_ROUND_TRIP_S = 5.8e-6
+# Host time the serving front end spends on a request before the engine sees it, per prompt
+# token: the chat API is stateless, so every agentic turn resends its whole context and the
+# front end renders and tokenizes all of it again. HF tokenizers take 43.7 ms for a ~38K-token
+# prompt in TensorRT-LLM's front end, nsys-timed (github.com/NVIDIA/TensorRT-LLM/pull/18389):
+# 1.15 us per token. A prefix-tokenization cache cut MiniMax M3's AgentX TTFT P50 on B300 by
+# 160-190 ms (github.com/NVIDIA/TensorRT-LLM/pull/19373), the same order at AgentX contexts.
+# Template rendering and request parsing come on top and are not counted (an assumption: this
+# is a floor), nor is queueing between requests in the front end.
+FRONTEND_S_PER_PROMPT_TOKEN = 1.15e-6
 
 # The planner's built-in scenario (`make run`, `servecast plan` without flags): the vLLM AgentX
 # post's DeepSeek V4 Pro row (1P DEP4 + 1D DEP8 on 12 GB300, P90 interactivity over 50 tok/s),
