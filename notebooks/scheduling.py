@@ -169,6 +169,26 @@ if timeline:
     charts.save(steps, Path(output_dir) / "step_timeline")
     steps
 
+# %% [markdown]
+# ## What TTFT counts before the engine
+#
+# The chat API is stateless: each turn resends the whole conversation, and the API server renders
+# and tokenizes all of it before an engine sees the request. HF tokenizers take 43.7 ms for a
+# ~38K-token prompt (nsys-timed in TensorRT-LLM's front end), 1.15 us a token, so at AgentX
+# contexts the front end alone is a visible part of a warm turn's TTFT, whatever the threshold.
+# A deployment's evaluation (`servecast serve`, `plan`, `validate`) adds it to every request's
+# TTFT and to the session's gap as the engine sees it; the sweeps above are the engine alone.
+
+# %%
+from model.serve.request_mix import request_mix_for
+from model.specs.defaults import FRONTEND_S_PER_PROMPT_TOKEN
+
+context = request_mix_for(w).context_tokens
+pd.DataFrame({"percentile": ["P50", "P90", "P99"],
+              "context_tokens": np.percentile(context, [50, 90, 99]).round(),
+              "front_end_s": (FRONTEND_S_PER_PROMPT_TOKEN
+                              * np.percentile(context, [50, 90, 99])).round(3)})
+
 # %%
 best_off, best_on = effect["off"] or {}, effect["on"] or {}
 nbio.write_headline(output_dir, {
