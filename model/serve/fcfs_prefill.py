@@ -192,7 +192,8 @@ def _decoding(eng: RankEngine, bal: StepBalance, slot_s: float) -> tuple:
     chunk_h = float(np.sum(runs.extension_s[long] - runs.last_chunk_extension_s[long])) / max(
         float(np.sum(runs.chunks[long] - (runs.last_chunk_tokens[long] > 0))), 1.0)
     interval = eng.policy.prefill_schedule_interval
-    return (bal.decode_batch, np.maximum(eng.queue.output_tokens - 1.0, 0.0)
+    # in ascending order: a fixed sample scaled, so the wait law never sorts it again
+    return (bal.decode_batch, np.maximum(eng.queue.output_tokens_ascending - 1.0, 0.0)
             / eng.tokens_per_step * (slot_s + chunk_h) / interval)
 
 

@@ -122,7 +122,7 @@ def _decoders_arrived(decode_s: np.ndarray, gaps: np.ndarray, edges: np.ndarray)
     """P(D + Z < t) at `edges`: D the rest of a decode in progress (its equilibrium residual,
     density P(W > y) / E[W]), Z a fresh idle gap."""
     n = len(edges) - 1
-    resid = residual_mass(np.sort(decode_s), edges)
+    resid = residual_mass(ascending(decode_s), edges)
     gap = np.diff(np.searchsorted(ascending(gaps), edges, side="right")) / len(gaps)
     both = np.fft.irfft(np.fft.rfft(resid, 2 * n) * np.fft.rfft(gap, 2 * n), 2 * n)[:n]
     return np.r_[0.0, np.cumsum(np.maximum(both, 0.0))]

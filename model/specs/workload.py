@@ -178,6 +178,11 @@ class RequestMix:
         """The gaps sorted once: the queue laws read their distribution at every solver step."""
         return np.sort(self.gap_s)
 
+    @functools.cached_property
+    def output_tokens_ascending(self) -> np.ndarray:
+        """The output lengths sorted once (the decode times the queue laws read scale them)."""
+        return np.sort(self.output_tokens)
+
     @property
     def lanes_per_session(self) -> float:
         """Request chains a session keeps in flight on average, 1 / E[wall_weight]: a closed
