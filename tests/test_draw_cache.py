@@ -3,6 +3,8 @@ draw, array for array; any change to what was drawn is a new entry; off means no
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -60,3 +62,20 @@ def test_off_writes_nothing(tmp_path, monkeypatch):
     assert _same(w.request_mix(N, 7), _draw_mix(w, N, 7))
     assert draw_cache.cache_dir() is None
     assert not any(tmp_path.rglob("*.npz"))
+
+
+def test_past_the_limit_the_least_recently_used_entries_go(cache, monkeypatch):
+    # three entries of about 100 KB (3,000 requests x 5 float64 arrays + npz headers); a limit
+    # of two of them keeps the two most recently used: the first, read again, and the third
+    w = load_workload("agentx-v1")
+    w.request_mix(N, 0)
+    (first,) = cache.glob("request-mix-*.npz")
+    size = first.stat().st_size
+    monkeypatch.setattr(draw_cache, "LIMIT_BYTES", 2 * size + size // 2)
+    w.request_mix(N, 1)
+    second = next(p for p in cache.glob("request-mix-*.npz") if p != first)
+    os.utime(second, (1.0, 1.0))  # used long ago
+    w.request_mix(N, 0)  # a read touches the first
+    w.request_mix(N, 2)
+    left = set(cache.glob("request-mix-*.npz"))
+    assert first in left and second not in left and len(left) == 2

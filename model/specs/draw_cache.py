@@ -7,6 +7,7 @@ An entry is keyed by a SHA-256 over the caller's inputs, the source of the modul
 numpy can never return a stale draw. It lives in `$SERVECAST_CACHE_DIR`, else
 `$XDG_CACHE_HOME/servecast`, else `~/.cache/servecast`; `SERVECAST_CACHE_DIR=off` turns it off.
 A directory that cannot be written, or an entry that cannot be read, only means drawing again.
+The entries a process reads are touched; past LIMIT_BYTES in all, the least recently used go.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from types import ModuleType
 import numpy as np
 
 CACHE_ENV = "SERVECAST_CACHE_DIR"
+LIMIT_BYTES = 2 * 1024**3  # an AgentX queue sample is 13-32 MB: about a hundred of them
 
 
 def cache_dir() -> Path | None:
@@ -57,13 +59,31 @@ def cached_arrays(kind: str, key: str, draw: Callable[[], dict[str, np.ndarray]]
     if path is not None and path.is_file():
         try:
             with np.load(path, allow_pickle=False) as stored:
-                return {name: stored[name] for name in stored.files}
+                arrays = {name: stored[name] for name in stored.files}
+            os.utime(path)  # recently used: kept the longest
+            return arrays
         except (OSError, ValueError, KeyError):  # a damaged entry: draw it again
             pass
     arrays = draw()
     if path is not None:
         _store(path, arrays)
+        _prune(path.parent)
     return arrays
+
+
+def _prune(folder: Path) -> None:
+    """Remove the least recently used entries while all of them hold more than LIMIT_BYTES."""
+    try:
+        entries = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in folder.glob("*.npz")),
+                         key=lambda e: e[0])
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in entries[:-1]:  # never the newest, just written
+            if total <= LIMIT_BYTES:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+    except OSError:  # another process pruned first, or the folder is read-only
+        return
 
 
 def _store(path: Path, arrays: dict[str, np.ndarray]) -> None:
