@@ -85,3 +85,16 @@ def test_packed_indexer_layout_saving_deepseek_v4():
     arch = load_architecture("deepseek-v4-pro")
     assert memory.packed_layout_saving(arch) == pytest.approx(1 - 5031.4375 / 5511.4375, abs=1e-9)
     assert memory.packed_layout_saving(arch, alignment_bytes=512) == pytest.approx(0.0992, abs=5e-4)
+
+
+def test_minimax_m3_index_keys_whole_on_every_tp_rank():
+    # MiniMax M3 under TP4 with fp8 KV: the 4 KV heads split one per rank, 2 x 128 x 1 B = 256 B
+    # per layer; MSA's index-K cache holds one 128-wide bf16 key per token ([slots, 1,
+    # sparse_index_dim] in TensorRT-LLM's MiniMaxM3KVCacheManagerV2), so each rank keeps all of it:
+    # 60 x 256 + 57 x 256 = 29,952 B per token per GPU (MiniMaxAI--MiniMax-M3_config.json)
+    arch = load_architecture("minimax-m3")
+    specs = memory.kv_specs(arch, ParallelPlan(tp=4, moe_tp=4), "fp8")
+    assert memory.unpadded_sequence_bytes(specs, 1000.0) == pytest.approx(1000 * 29_952)
+    # decode context parallelism is what splits the keys: DCP2 halves both parts
+    specs = memory.kv_specs(arch, ParallelPlan(tp=4, moe_tp=4, dcp=2), "fp8")
+    assert memory.unpadded_sequence_bytes(specs, 1000.0) == pytest.approx(1000 * 29_952 / 2)

@@ -27,7 +27,7 @@ import numpy as np
 
 from model.perf.kv import entry_bytes, indexer_key_bytes, state_bytes
 from model.perf.ops import grouped_layers
-from model.perf.parallel import ParallelPlan, kv_shard, normalize_plan
+from model.perf.parallel import ParallelPlan, index_key_shard, kv_shard, normalize_plan
 from model.perf.parallel import weight_bytes_per_gpu as sharded_weight_bytes
 from model.specs.defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from model.specs.dtypes import dtype
@@ -78,7 +78,8 @@ def kv_specs(arch: Architecture, plan: ParallelPlan = SINGLE_GPU, kv_dtype: str 
             specs.append(KVSpec("linear", layers, 0.0, 1, state_bytes=state_bytes(att) / shard))
             continue
         entry = entry_bytes(att, fmt) / shard
-        key = indexer_key_bytes(att.indexer, fmt, indexer_dtype) / shard if att.indexer else 0.0
+        key = indexer_key_bytes(att.indexer, fmt, indexer_dtype) / index_key_shard(plan) \
+            if att.indexer else 0.0
         if att.kind in ("gqa", "mla", "dsa", "msa"):
             specs.append(KVSpec(att.kind, layers, entry + key, 1))
         elif att.kind == "swa":

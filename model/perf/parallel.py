@@ -259,6 +259,14 @@ def kv_shard(att: Attention, plan: ParallelPlan) -> int:
     return min(plan.tp, kv) * plan.dcp
 
 
+def index_key_shard(plan: ParallelPlan) -> int:
+    """How many ways one sequence's index keys are split inside its TP group. An indexer keeps
+    one key per cached unit, shared by all its heads (MSA's index-K cache is [slots, 1,
+    sparse_index_dim] in TensorRT-LLM's MiniMaxM3KVCacheManagerV2; DSA / CSA keep one per
+    latent entry), so every TP rank stores the whole key, as MLA's latent: only DCP splits it."""
+    return plan.dcp
+
+
 def decode_attention_split(att: Attention, plan: ParallelPlan) -> tuple[int, int]:
     """(head shards, context shards) of one layer's decode attention on one GPU. DCP gathers
     its group's queries, so each rank runs tp/dcp of the heads over 1/dcp of the cached

@@ -31,19 +31,17 @@ from model.perf import roofline
 from model.perf.comm import collective_time_s
 from model.perf.engine_factors import EngineFactors, engine_factors
 from model.perf.expert_balance import hot_rank_load_factor
-from model.perf.memory import activation_bytes
+from model.perf.memory import activation_bytes, kv_specs, unpadded_sequence_bytes
 from model.perf.ops import (
     Step,
-    attended_entries,
-    entry_elements,
     grouped_layers,
-    indexer_units,
     model_ops,
 )
 from model.perf.parallel import (
     ParallelPlan,
     decode_attention_split,
     experts_per_rank,
+    index_key_shard,
     kv_shard,
     layer_collectives,
     linear_shard,
@@ -381,7 +379,9 @@ class StepModel:
                 weight_div = p.tp
             kv_div = p.attention_gpus
             if "attention" in o.shape:
-                kv_div = kv_div / (p.tp / kv_shard(o.shape["attention"], p))
+                shard = index_key_shard(p) if o.kind == "indexer" else \
+                    kv_shard(o.shape["attention"], p)
+                kv_div = kv_div / (p.tp / shard)
             flops = float(np.asarray(o.flops)) / flops_div
             by = (float(np.asarray(o.weight_bytes)) / weight_div
                   + float(np.asarray(o.kv_read_bytes + o.kv_write_bytes)) / kv_div
@@ -441,26 +441,10 @@ class StepModel:
 
     # -- memory ---------------------------------------------------------------------------------
     def kv_bytes_per_seq_per_gpu(self, context) -> np.ndarray:
-        """KV one sequence stores on each GPU that holds it, at `context` tokens."""
-
-        ctx = np.asarray(context, float)
-        total = 0.0 * ctx
-        for layer, count in self._groups:
-            att = layer.attention
-            if att.kind == "linear":
-                per = (att.state_elements * 4.0 + att.conv_elements * 2.0) / kv_shard(att, self.plan)
-            else:
-                entries = ctx if att.kind in ("gqa", "mla", "dsa", "msa") else \
-                    attended_entries(att, ctx) if att.kind == "swa" else \
-                    ctx / float(att.compress_ratio or 1) + (np.minimum(ctx, att.window)
-                                                             if att.window else 0.0)
-                per = entries * entry_elements(att) * lookup_dtype(self.kv_dtype).bytes
-                if att.indexer is not None:
-                    per = per + indexer_units(att, ctx) * att.indexer.head_dim * \
-                        lookup_dtype(att.indexer.cache_dtype).bytes
-                per = per / kv_shard(att, self.plan)
-            total = total + per * count
-        return total / self.plan.pp
+        """KV one sequence stores on each GPU that holds it, at `context` tokens: the pool's own
+        rule (model.perf.memory.kv_specs), before block rounding."""
+        return unpadded_sequence_bytes(kv_specs(self.arch, self.plan, self.kv_dtype),
+                                       np.asarray(context, float))
 
     @property
     def kv_pool_bytes_per_gpu(self) -> float:
