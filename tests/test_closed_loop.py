@@ -16,7 +16,7 @@ from model.serve.closed_loop import (
     explain_terms,
     loop_terms,
 )
-from model.serve.queueing import md1_wait_s
+from model.serve.mean_waits import md1_wait_s
 
 # a bare run: one decode step of 10 ms, a single-prompt prefill step of 50 ms, nothing else
 BASE = {"decode_kernel_s": 0.010, "decode_expert_s": 0.0, "decode_network_s": 0.0,

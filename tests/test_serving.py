@@ -10,8 +10,9 @@ import pytest
 
 from model import ROOT
 from model.serve.engine import AffineStepModel, serve, threshold_effect
+from model.serve.mean_waits import kingman_wait_s
 from model.serve.policy import EnginePolicy
-from model.serve.queueing import compound_shot_pmf, kingman_wait_s, mg1_wait_pmf, shot_noise_var
+from model.serve.queueing import compound_shot_pmf, mg1_wait_pmf, shot_noise_var
 from model.serve.step_balance import solve_mean_step
 from model.specs.workload import ClosedLoop, OpenLoop, load_workload
 

@@ -35,8 +35,6 @@ import math
 
 import numpy as np
 
-from model.specs.probability import normal_cdf
-
 MEASURED_EXCESS = 1.56  # hottest rank (max - mean) / mean, DeepSeek-R1, EP32, no redundancy
 MEASURED_EP = 32
 MEASURED_EXPERTS_PER_RANK = 8
@@ -48,7 +46,9 @@ def expected_max_normal(n: int) -> float:
     if n <= 1:
         return 0.0
     z = np.linspace(-8.0, 8.0, 4001)
-    return float(np.sum(1.0 - normal_cdf(z) ** n) * (z[1] - z[0])) - 8.0
+    # the standard normal cdf from math.erf: the step model stays free of scipy (0.15 s import)
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in z]))
+    return float(np.sum(1.0 - cdf ** n) * (z[1] - z[0])) - 8.0
 
 
 def _lognormal_max_excess(cv: float, ranks: int) -> float:

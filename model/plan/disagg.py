@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from model.serve.queueing import pk_wait_s
+from model.serve.mean_waits import pk_wait_s
 
 DECODE_BATCHES = np.unique(np.round(np.geomspace(1, 1024, 40)))  # stage 1's decode batches
 

@@ -32,7 +32,7 @@ from model.perf.step_table import StepTable
 from model.plan.disagg import prefill_saturation_rps
 from model.plan.traffic import Traffic
 from model.serve.handoff import kv_transfer_time_s
-from model.serve.queueing import pk_wait_s
+from model.serve.mean_waits import pk_wait_s
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from model.specs.errors import Infeasible, ServecastError
 

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.serve.queueing import md1_wait_s
+from model.serve.mean_waits import md1_wait_s
 
 # Scheduler of each engine's default configuration (see module docstring)
 SCHEDULER = {"vllm": "mixed", "trtllm": "mixed", "sglang": "prefill_first"}

@@ -22,12 +22,8 @@ import numpy as np
 
 from model.serve.finite_source import fcfs_wait_pmf
 from model.serve.lockstep import SlotLaw
-from model.serve.queueing import (
-    arrivals_kept,
-    kingman_wait_exceeds,
-    kingman_wait_s,
-    pk_wait_transform,
-)
+from model.serve.mean_waits import kingman_wait_exceeds, kingman_wait_s, pk_wait_transform
+from model.serve.queueing import arrivals_kept
 from model.serve.rank_engine import RankEngine
 from model.serve.step_balance import StepBalance
 

@@ -1,6 +1,7 @@
-"""Queueing formulas the closed-form serving model uses (papers/research/theory.md §6), each a pure
-function. Sources: Pollaczek-Khinchine and Kingman (G/G/1) [S26][S28]; shot-noise (Campbell)
-moments for Poisson-started work seen through a window (derived: §6 + standard Campbell theorem).
+"""The distribution laws of the closed-form serving model (papers/research/theory.md §6), each a
+pure function: M/G/1 wait laws, shot-noise (Campbell) moments and compound laws of
+Poisson-started work seen through a window (derived: §6 + standard Campbell theorem), maxima of
+Poisson occupancies. The mean waits (Kingman, Pollaczek-Khinchine) are in model.serve.mean_waits.
 """
 
 from __future__ import annotations
@@ -11,37 +12,6 @@ import numpy as np
 
 from model.perf.expert_balance import expected_max_normal
 from model.specs.probability import poisson_cdf, poisson_pmf
-
-
-def kingman_wait_s(rho: float, mean_service_s: float, cs2: float, ca2: float = 1.0) -> float:
-    """Mean wait in a G/G/1 queue: (ca²+cs²)/2 · ρ/(1-ρ) · E[S]; equals P-K for ca² = 1."""
-    if not 0 <= rho < 1:
-        raise ValueError(f"utilization {rho} is not in [0, 1)")
-    return (ca2 + cs2) / 2.0 * rho / (1.0 - rho) * mean_service_s
-
-
-def pk_wait_s(rate, service_mean, service_sq_mean, max_utilization: float = 1.0):
-    """Pollaczek-Khinchine mean wait of M/G/1 queues (vectorized), lam E[S^2] / (2 (1 - rho));
-    infinite at rho >= 1, unless `max_utilization` < 1 clips rho there."""
-    rate = np.asarray(rate, float)
-    rho = rate * service_mean
-    if max_utilization < 1.0:
-        rho = np.minimum(rho, max_utilization)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        wait = rate * service_sq_mean / (2.0 * (1.0 - rho))
-    return np.where(rho < 1.0, wait, np.inf)
-
-
-def md1_wait_s(utilization, service_s, max_utilization: float = 1.0):
-    """Mean M/D/1 wait, rho S / (2 (1 - rho)): Pollaczek-Khinchine with a deterministic service
-    S (E[S^2] = S^2), rho clipped at `max_utilization` (a closed loop's throughput bound takes
-    over beyond it); infinite at rho >= 1 when not clipped."""
-    rho = np.asarray(utilization, float)
-    if max_utilization < 1.0:
-        rho = np.minimum(rho, max_utilization)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        wait = rho * service_s / (2.0 * (1.0 - rho))
-    return np.where(rho < 1.0, wait, np.inf)
 
 
 def window_overlap_sq(k, w):
@@ -283,22 +253,6 @@ def _max_occupancy(balls: int, bins: int) -> float:
     at_most = np.clip(power / poisson_pmf(balls, balls), 0.0, 1.0)
     # E[max] = sum over r >= 0 of P(max > r): 1 for every r below balls / bins
     return float(r_lo + np.sum(1.0 - at_most))
-
-
-def kingman_wait_exceeds(rho: float, wait_s: float, ca2: float, cs2: float,
-                         thresholds_s: np.ndarray) -> float:
-    """P(W > L) averaged over the sample `thresholds_s` of L, for the G/G/1 wait of mean `wait_s`
-    (Kingman's, `kingman_wait_s`): busy with probability rho, then exponential of mean
-    wait / rho, stretched by (ca2 + cs2) / (1 + cs2) for bursty arrivals."""
-    tail = wait_s * (ca2 + cs2) / (1.0 + cs2) / rho
-    return rho * float(np.mean(np.exp(-thresholds_s / max(tail, 1e-30))))
-
-
-def pk_wait_transform(rate: float, rho: float, service_s: np.ndarray) -> float:
-    """E[exp(-rate W)] of the M/G/1 wait at the arrival rate itself: the Pollaczek-Khinchine
-    transform W*(s) = (1 - rho) s / (s - rate (1 - S*(s))) at s = rate, (1 - rho) / S*(rate):
-    the probability that nobody arrives during a wait."""
-    return (1.0 - rho) / max(float(np.mean(np.exp(-rate * service_s))), 1e-300)
 
 
 def ascending(values) -> np.ndarray:
