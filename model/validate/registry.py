@@ -48,6 +48,13 @@ SETS = (
                 "(data/benchmarks/inferencex_agentx_deployments.yaml); never fitted",
                 "data/benchmarks/inferencex_agentx_2026-09-15.csv",
                 date="2026-09-15 (retrieved from the InferenceX API)"),
+    MeasuredSet("inferencex-agentx-simulator", "model.validate.agentx_simulated:simulated_runs",
+                "the same InferenceX AgentX runs, predicted by the simulator (model.serve.simulate) "
+                "on each aggregated run's replica, stored in "
+                "data/benchmarks/inferencex_agentx_simulated.csv by `python -m "
+                "model.validate.agentx_simulated`; never fitted",
+                "data/benchmarks/inferencex_agentx_simulated.csv",
+                date="2026-09-15 (retrieved from the InferenceX API)"),
     MeasuredSet("published", "model.validate.published:published_runs",
                 "results vendors and engines published with their deployment stated (MLPerf "
                 "Inference v5.1, TensorRT-LLM performance overview, AMD ROCm vLLM results, NVIDIA "
