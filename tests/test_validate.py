@@ -128,7 +128,8 @@ def test_unknown_set_is_one_error_line_naming_the_sets(capsys):
     lines = err.strip().splitlines()
     assert out == "" and len(lines) == 1
     assert lines[0] == ("servecast: error: unknown measured set 'no-such-set'; allowed: "
-                        "calibration, kernels, inferencex-agentx, published")
+                        "calibration, kernels, inferencex-agentx, inferencex-agentx-simulator, "
+                        "published")
     with pytest.raises(ServecastError, match="allowed: calibration, kernels"):
         measured_set("mlperf")
 
@@ -200,4 +201,6 @@ def test_reports_go_beside_each_sets_data():
     assert paths == {"calibration": "data/calibration/calibration_scoreboard.md",
                      "kernels": "data/calibration/kernels_scoreboard.md",
                      "inferencex-agentx": "data/benchmarks/inferencex-agentx_scoreboard.md",
+                     "inferencex-agentx-simulator":
+                         "data/benchmarks/inferencex-agentx-simulator_scoreboard.md",
                      "published": "data/benchmarks/published_scoreboard.md"}

@@ -9,6 +9,7 @@ from model.validate.registry import percent, set_names  # no numpy, no model cod
 
 SETS = typer.Argument(None, metavar="SET...",
                       help=f"measured sets (default: all): {', '.join(set_names())}")
+NAME_WIDTH = max(len(name) for name in set_names())
 REPORT = typer.Option(False, "--report", help="also write each set's <set>_scoreboard.md "
                                               "beside its data")
 VERBOSE = typer.Option(False, "--verbose", "-v", help="also print the scores per slice")
@@ -28,7 +29,7 @@ def set_lines(result: dict, verbose: bool) -> list[str]:
     for m, v in result["median_abs_error"].items():
         held = ", ".join(f"{scheme} {percent(s['median_abs_error'].get(m))}"
                          for scheme, s in (result.get("held_out") or {}).items())
-        lines.append(f"{result['name']:<18} {m:<24} {result['rows']:>6} {result['predicted']:>9}"
+        lines.append(f"{result['name']:<{NAME_WIDTH}} {m:<24} {result['rows']:>6} {result['predicted']:>9}"
                      f" {percent(v):>12} {percent(result['median_error'][m], True):>11}  {held}")
     if verbose:
         for key, by_value in result["slices"].items():
@@ -54,9 +55,9 @@ def validate_cmd(sets: list[str] = SETS, report: bool = REPORT, verbose: bool = 
     if as_json:
         emit(result, True)
         return
-    print(f"{'set':<18} {'metric':<24} {'runs':>6} {'predicted':>9} {'median |err|':>12} "
+    print(f"{'set':<{NAME_WIDTH}} {'metric':<24} {'runs':>6} {'predicted':>9} {'median |err|':>12} "
           f"{'median err':>11}  held-out median |err|")
     for r in results:
         print("\n".join(set_lines(r, verbose)))
         if report:
-            print(f"{'':<18} report: {r['report_path']}")
+            print(f"{'':<{NAME_WIDTH}} report: {r['report_path']}")
