@@ -129,3 +129,22 @@ def test_cited_research_notes_are_in_the_repository():
                                         path.read_text(errors="replace")))
     assert {"theory.md", "workloads.md", "hardware.md", "architectures.md"} <= cited
     assert all((ROOT / "papers" / "research" / name).is_file() for name in cited), cited
+
+
+# The house's size rules (issue #34, "Pure functions over frozen specs"): modules of at most 600
+# lines, no function over 120.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 120
+
+
+def test_modules_and_functions_stay_within_the_size_rules():
+    long_modules, long_functions = [], []
+    for name, path in sorted(MODULES.items()):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}.{node.name}: {lines} lines")
+    assert long_modules == [] and long_functions == [], long_modules + long_functions

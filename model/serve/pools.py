@@ -1,7 +1,6 @@
-"""The full tier of a disaggregated deployment: x prefill workers of one parallel plan and y decode
-workers of another, from the pieces the full tier of one replica uses (the step model, the request
-mix `request_mix_for`, the FCFS wait laws of model.serve.finite_source / model.serve.queueing, the
-cache model behind model.serve.cache_effect, the AgentX system idle cap) and no new queue law.
+"""The full tier of a disaggregated deployment (x prefill workers of one plan, y decode workers of
+another) from the pieces of one replica's full tier (step model, `request_mix_for`, the FCFS wait
+laws of model.serve.finite_source / .queueing, model.serve.cache_effect, the system idle cap).
 
 Per request i of the mix (context c_i, uncached u_i, output o_i, gap z_i), with B the budget
 (max_num_batched_tokens per rank per step), q the decode tokens per step (speculative decoding):
@@ -34,11 +33,9 @@ Per request i of the mix (context c_i, uncached u_i, output o_i, gap z_i), with 
   b_cap = min(max_num_seqs, KV pool / E[c + o]) per rank; there the batch is always full
   (T_seen = T(b_cap)) and the sessions beyond it wait for admission.
 - TTFT_i = F_i + reload_i + W + S_i(rho) + H_i + T_seen (the first decode step) (+ the admission
-  wait), F_i the front end's render and tokenization of the prompt (EnginePolicy.frontend_s),
-  which a closed loop's pools see as part of the session's gap.
-- Closed loop: N = X (Z_eff + E[TTFT] + E[w] T_seen) (response-time law), Z_eff the mean gap
-  under the system idle cap at N lanes; solved for X by Brent's method below the prefill
-  saturation and the decode cap.
+  wait), F_i the front end's render and tokenization (EnginePolicy.frontend_s), part of the gap.
+- Closed loop: N = X (Z_eff + E[TTFT] + E[w] T_seen), Z_eff the mean gap under the system idle
+  cap at N lanes; solved for X by Brent's method below prefill saturation and the decode cap.
 - TPOT: T_seen plus the decode batch's fluctuation over the request's window: the per-rank batch
   is an M/G/inf occupancy of decode runs (Campbell: Var of its mean over a window of w steps =
   lambda E[overlap(L, w)^2] / w², `shot_noise_var`), thinned by the closed loop (1 - b / n_D),
