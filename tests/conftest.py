@@ -37,3 +37,20 @@ def run_cli(*args: str, cwd: Path | None = None) -> CliResult:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _answers_computed():
+    """Every test computes its answers: tests patch the model at run time, which no answer
+    cache key sees (model.frontends.answers). Subprocesses inherit the setting."""
+    import os
+
+    from model.frontends.answers import ANSWER_ENV
+
+    before = os.environ.get(ANSWER_ENV)
+    os.environ[ANSWER_ENV] = "off"
+    yield
+    if before is None:
+        os.environ.pop(ANSWER_ENV, None)
+    else:
+        os.environ[ANSWER_ENV] = before

@@ -19,8 +19,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy loads with the first draw: the cache's folder needs none of it
+    import numpy as np
 
 CACHE_ENV = "SERVECAST_CACHE_DIR"
 LIMIT_BYTES = 2 * 1024**3  # an AgentX queue sample is 13-32 MB: about a hundred of them
@@ -42,6 +44,8 @@ def _source_digest(path: str) -> str:
 
 def entry_key(inputs: str, code: tuple[ModuleType, ...]) -> str:
     """The entry's name: a digest of `inputs`, the `code` modules' source and numpy's version."""
+    import numpy as np
+
     digest = hashlib.sha256(inputs.encode())
     for module in code:
         digest.update(_source_digest(module.__file__).encode())
@@ -54,6 +58,8 @@ def cached_arrays(kind: str, key: str, draw: Callable[[], dict[str, np.ndarray]]
     """`draw()`'s named arrays, read from the entry `kind`-`key`.npz when it exists, else drawn
     and stored (written to a temporary file and renamed, so concurrent processes never read
     half an entry)."""
+    import numpy as np
+
     folder = cache_dir()
     path = None if folder is None else folder / f"{kind}-{key}.npz"
     if path is not None and path.is_file():
@@ -87,6 +93,8 @@ def _prune(folder: Path) -> None:
 
 
 def _store(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    import numpy as np
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".npz")

@@ -20,10 +20,15 @@ def emit(obj: dict[str, Any], as_json: bool) -> None:
     """Print `obj` as JSON or as `key: value` lines (nested values as compact JSON)."""
     from model.frontends.nbio import plain
 
+    emit_plain(plain(obj), as_json)
+
+
+def emit_plain(obj: dict[str, Any], as_json: bool) -> None:
+    """`emit` of an object that is JSON-ready already (an answer: model.frontends.answers)."""
     if as_json:
-        print(to_json(obj))
+        print(json.dumps(obj, indent=2, sort_keys=False))
         return
-    for key, value in plain(obj).items():
+    for key, value in obj.items():
         shown = value if isinstance(value, (str, int, float)) or value is None else json.dumps(value)
         print(f"{key}: {shown}")
 

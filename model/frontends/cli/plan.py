@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
-from model.frontends.cli.output import emit, positive
+from model.frontends.cli.output import emit_plain, positive
 from model.specs.defaults import DEFAULT_API_MODEL, DEFAULT_SCENARIO, MAX_NUM_BATCHED_TOKENS, MODES
 
 PARETO_POINTS = 8  # full-tier points added along the screening's front with --pareto
@@ -76,36 +76,51 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """Search parallelism, P/D ratio and concurrency; print the best deployment and its cost."""
-        from model.plan.planner import plan
-        from model.specs.errors import ServecastError
+        args = {k: v for k, v in locals().items() if k != "as_json"}  # the options, first
+        from model.frontends.answers import answered
 
-        if mode is not None and mode not in MODES:
-            raise ServecastError(f"--mode {mode!r}: allowed {', '.join(MODES)}")
-        if prefill_hardware is not None and mode == "aggregated":
-            raise ServecastError(f"--prefill-hardware {prefill_hardware}: prefill workers exist "
-                                 "only in disaggregated deployments; allowed: --mode "
-                                 "disaggregated, or no --mode")
-        if gpus is None and deployment is None:
-            gpus = DEFAULT_SCENARIO["gpus"]
-        tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
-        sessions = _concurrencies(concurrency)
-        _check_before_search(hardware, prefill_hardware, cost_basis, tiers, sessions,
-                             gpus or _deployment_gpus(deployment))
-        result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=readable_workload(workload),
-                      slo_p90_interactivity=slo_p90_interactivity,
-                      long_prefill_token_threshold=long_prefill_token_threshold,
-                      modes=(mode,) if mode else MODES, prefill_hardware=prefill_hardware,
-                      precision=precision, kv_dtype=kv_dtype, api_model=api_model,
-                      cost_basis=cost_basis, cache_policy=cache_policy,
-                      cache_tiers=tiers, concurrency=sessions, slo_p90_ttft_s=slo_p90_ttft,
-                      deployment=deployment, prefill_schedule_interval=prefill_schedule_interval,
-                      max_num_batched_tokens=max_num_batched_tokens,
-                      pareto_points=PARETO_POINTS if pareto else 0,
-                      allow_beyond_window=allow_beyond_window)
-        out = result.contract()
-        if pareto:
-            out["pareto"] = result.pareto.to_dict(orient="records")
-        emit(out, as_json)
+        emit_plain(answered("plan", args, lambda: _plan_answer(**args)), as_json)
+
+
+def _plan_answer(arch: str, hardware: str, gpus: int | None, workload: str,
+                 slo_p90_interactivity: float, slo_p90_ttft: float | None,
+                 long_prefill_token_threshold: int | None, prefill_schedule_interval: int | None,
+                 max_num_batched_tokens: int, concurrency: str | None, deployment: str | None,
+                 mode: str | None, prefill_hardware: str | None, precision: str | None,
+                 kv_dtype: str | None, cache_policy: str, cache_tiers: str, api_model: str,
+                 cost_basis: str, pareto: bool, allow_beyond_window: bool) -> dict:
+    """The plan's answer (its contract, and the Pareto front with `pareto`) for the command's
+    options."""
+    from model.plan.planner import plan
+    from model.specs.errors import ServecastError
+
+    if mode is not None and mode not in MODES:
+        raise ServecastError(f"--mode {mode!r}: allowed {', '.join(MODES)}")
+    if prefill_hardware is not None and mode == "aggregated":
+        raise ServecastError(f"--prefill-hardware {prefill_hardware}: prefill workers exist "
+                             "only in disaggregated deployments; allowed: --mode "
+                             "disaggregated, or no --mode")
+    if gpus is None and deployment is None:
+        gpus = DEFAULT_SCENARIO["gpus"]
+    tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
+    sessions = _concurrencies(concurrency)
+    _check_before_search(hardware, prefill_hardware, cost_basis, tiers, sessions,
+                         gpus or _deployment_gpus(deployment))
+    result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=readable_workload(workload),
+                  slo_p90_interactivity=slo_p90_interactivity,
+                  long_prefill_token_threshold=long_prefill_token_threshold,
+                  modes=(mode,) if mode else MODES, prefill_hardware=prefill_hardware,
+                  precision=precision, kv_dtype=kv_dtype, api_model=api_model,
+                  cost_basis=cost_basis, cache_policy=cache_policy,
+                  cache_tiers=tiers, concurrency=sessions, slo_p90_ttft_s=slo_p90_ttft,
+                  deployment=deployment, prefill_schedule_interval=prefill_schedule_interval,
+                  max_num_batched_tokens=max_num_batched_tokens,
+                  pareto_points=PARETO_POINTS if pareto else 0,
+                  allow_beyond_window=allow_beyond_window)
+    out = result.contract()
+    if pareto:
+        out["pareto"] = result.pareto.to_dict(orient="records")
+    return out
 
 
 def _check_before_search(hardware: str, prefill_hardware: str | None, cost_basis: str,

@@ -8,7 +8,7 @@ from dataclasses import replace
 import typer
 
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
-from model.frontends.cli.output import emit, positive
+from model.frontends.cli.output import emit, emit_plain, positive
 from model.frontends.cli.perf import ATTENTION_DP_HELP, REDUNDANT_HELP
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
 from model.specs.errors import ServecastError
@@ -143,30 +143,48 @@ def register(app: typer.Typer) -> None:
         """The full tier of one replica of the --tp/--dp/... plan or, with --deployment, of a whole
         deployment (what `plan --deployment` reports): TTFT/TPOT percentiles, interactivity,
         TPGS."""
-        from model.serve.policy import EnginePolicy
-        from model.specs.workload import load_workload
+        args = {k: v for k, v in locals().items() if k != "as_json"}  # the options, first
+        from model.frontends.answers import answered
 
-        w = load_workload(readable_workload(workload))
-        policy = EnginePolicy(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
-                              prefill_schedule_interval)
-        load = _load(concurrency, rate, interarrival_cv, gap_cap_s, w)
-        tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
-        cache = {"hit_rate": hit_rate, "infinite": infinite_cache, "policy": cache_policy,
-                 "tiers": tiers, "prefetch": prefetch_reload}
-        if deployment is None:  # one replica of the flags' plan
-            deployment = _replica_label(arch, (tp, pp, dp, ep, moe_tp, pcp, dcp), attention_dp,
-                                        redundant_experts)
-        out, setup, dep = _serve_deployment(
-            arch, hardware, w, deployment, gpus, prefill_hardware, policy, load, cache,
-            (precision, kv_dtype, spec_tokens, spec_acceptance, recipe), seed,
-            allow_beyond_window)
-        if slo_p90_interactivity is not None:
-            p90 = out["p90_interactivity_tok_s"]
-            out["meets_slo"] = p90 is not None and p90 >= slo_p90_interactivity
-        if simulate_s > 0:
-            out["simulated"] = _simulated(setup, dep, w, policy, load, simulate_s, seed,
-                                          out.get("hit_rate"), cache)
-        emit(out, as_json)
+        emit_plain(answered("serve", args, lambda: _serve_answer(**args)), as_json)
+
+
+def _serve_answer(arch: str, hardware: str, workload: str, concurrency: int | None,
+                  rate: float | None, interarrival_cv: float | None, gap_cap_s: float,
+                  hit_rate: float | None, cache_policy: str, cache_tiers: str,
+                  prefetch_reload: bool, infinite_cache: bool, long_prefill_token_threshold: int,
+                  max_num_batched_tokens: int, max_num_seqs: int, prefill_schedule_interval: int,
+                  slo_p90_interactivity: float | None, precision: str | None,
+                  kv_dtype: str | None, tp: int, pp: int, dp: int, ep: int, moe_tp: int | None,
+                  dcp: int, pcp: int, attention_dp: bool, redundant_experts: int,
+                  spec_tokens: int, spec_acceptance: float, deployment: str | None,
+                  gpus: int | None, prefill_hardware: str | None, recipe: bool,
+                  simulate_s: float, seed: int, allow_beyond_window: bool) -> dict:
+    """The serve command's answer for its options."""
+    from model.serve.policy import EnginePolicy
+    from model.specs.workload import load_workload
+
+    w = load_workload(readable_workload(workload))
+    policy = EnginePolicy(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
+                          prefill_schedule_interval)
+    load = _load(concurrency, rate, interarrival_cv, gap_cap_s, w)
+    tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
+    cache = {"hit_rate": hit_rate, "infinite": infinite_cache, "policy": cache_policy,
+             "tiers": tiers, "prefetch": prefetch_reload}
+    if deployment is None:  # one replica of the flags' plan
+        deployment = _replica_label(arch, (tp, pp, dp, ep, moe_tp, pcp, dcp), attention_dp,
+                                    redundant_experts)
+    out, setup, dep = _serve_deployment(
+        arch, hardware, w, deployment, gpus, prefill_hardware, policy, load, cache,
+        (precision, kv_dtype, spec_tokens, spec_acceptance, recipe), seed,
+        allow_beyond_window)
+    if slo_p90_interactivity is not None:
+        p90 = out["p90_interactivity_tok_s"]
+        out["meets_slo"] = p90 is not None and p90 >= slo_p90_interactivity
+    if simulate_s > 0:
+        out["simulated"] = _simulated(setup, dep, w, policy, load, simulate_s, seed,
+                                      out.get("hit_rate"), cache)
+    return out
 
 
 def _replica_label(arch: str, degrees: tuple, attention_dp: bool, redundant_experts: int
