@@ -146,3 +146,16 @@ def test_recipe_knobs_per_concurrency():
     # override): --enforce-eager and CUDA_LAUNCH_BLOCKING=1; the other groups run CUDA graphs
     assert _policy(_group("kimik3", "h200", 32, 1), 1).kernel_launch == "eager-blocking"
     assert _policy(g, 8).kernel_launch == "cuda-graphs"
+
+
+def test_worker_processes_predict_what_one_process_does():
+    # model.validate.parallel: the groups are independent, so spreading them over processes
+    # changes nothing but the wall time (MiniMax M3 on 4 and 8 B300 at one session: 2 runs)
+    runs = load_runs()
+    runs = runs[(runs.model == "minimaxm3") & (runs.hardware == "b300") & (runs.conc == 1)]
+    groups = [g | {"conc": [1]} for g in load_groups() if g["model"] == "minimaxm3"
+              and g["hardware"] == "b300" and g["gpus"] in (4, 8)]
+    one, _ = predict(runs, groups, workers=1)
+    two, _ = predict(runs, groups, workers=2)
+    assert len(one) == 2 and one.tpgs_model.notna().all()
+    assert one.equals(two)

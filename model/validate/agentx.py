@@ -35,6 +35,7 @@ from model.serve.policy import EnginePolicy
 from model.specs.defaults import KERNEL_LAUNCH, MAX_NUM_SEQS
 from model.specs.errors import ServecastError
 from model.specs.hardware import load_hardware
+from model.validate.parallel import ordered_map
 from model.validate.scoreboard import CONCURRENCY_BANDS as BANDS
 from model.validate.scoreboard import concurrency_band, run_record, run_slice
 
@@ -173,20 +174,24 @@ def _served(setup, shape, concurrency: int, policy: EnginePolicy
             "p90_ttft": r.ttft_s["p90"]}, ""
 
 
-def predict(runs: pd.DataFrame | None = None, groups: list[dict] | None = None
-            ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(predictions, unmapped runs): every run a deployment group maps, and the rest."""
+def predict(runs: pd.DataFrame | None = None, groups: list[dict] | None = None,
+            workers: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(predictions, unmapped runs): every run a deployment group maps, and the rest; the
+    groups go to `workers` processes (default one per CPU)."""
     runs = load_runs() if runs is None else runs
     groups = load_groups() if groups is None else groups
-    rows, mapped = [], set()
-    for g in groups:
-        sel = _group_runs(runs, g)
+    selected = [(g, _group_runs(runs, g)) for g in groups]
+    for g, sel in selected:
         if sel.empty:
             raise ServecastError(f"{DEPLOYMENTS.name}: group {g['model']} / {g['hardware']} / "
                                  f"{g['gpus']} GPUs matches no run of {RUNS.name}")
-        rows += predict_group(g, sel)
-        mapped |= set(sel.id)
+    rows = [row for part in ordered_map(_predict_selected, selected, workers) for row in part]
+    mapped = set().union(*(set(sel.id) for _, sel in selected)) if selected else set()
     return pd.DataFrame(rows), runs[~runs.id.isin(mapped)]
+
+
+def _predict_selected(group_and_runs: tuple[dict, pd.DataFrame]) -> list[dict]:
+    return predict_group(*group_and_runs)
 
 
 def agentx_runs(runs: pd.DataFrame | None = None, groups: list[dict] | None = None

@@ -31,6 +31,7 @@ from model.specs.defaults import FRONTEND_S_PER_PROMPT_TOKEN
 from model.specs.hardware import load_hardware
 from model.specs.workload import ClosedLoop, load_workload
 from model.validate import agentx
+from model.validate.parallel import ordered_map
 from model.validate.scoreboard import concurrency_band, run_record, run_slice
 
 SIMULATED = ROOT / "data" / "benchmarks" / "inferencex_agentx_simulated.csv"
@@ -84,18 +85,22 @@ def simulate_run(g: dict, concurrency: int, seed: int = SEED) -> dict:
 
 
 def simulate_all(runs: pd.DataFrame | None = None, groups: list[dict] | None = None,
-                 progress: bool = False) -> pd.DataFrame:
-    """One row per run a group maps: its id and the simulated metrics (or the skip reason)."""
+                 progress: bool = False, workers: int | None = None) -> pd.DataFrame:
+    """One row per run a group maps: its id and the simulated metrics (or the skip reason); the
+    runs go to `workers` processes (default one per CPU)."""
     runs = agentx.load_runs() if runs is None else runs
     groups = agentx.load_groups() if groups is None else groups
-    rows = []
-    for g in groups:
-        for run in agentx._group_runs(runs, g).sort_values("conc").itertuples():
-            row = {"id": int(run.id), "skip_reason": "", **simulate_run(g, int(run.conc))}
-            rows.append(row)
-            if progress:
-                print(row, file=sys.stderr, flush=True)
-    return pd.DataFrame(rows)
+    todo = [(g, int(run.id), int(run.conc), progress) for g in groups
+            for run in agentx._group_runs(runs, g).sort_values("conc").itertuples()]
+    return pd.DataFrame(ordered_map(_simulated_row, todo, workers))
+
+
+def _simulated_row(job: tuple[dict, int, int, bool]) -> dict:
+    g, run_id, concurrency, progress = job
+    row = {"id": run_id, "skip_reason": "", **simulate_run(g, concurrency)}
+    if progress:
+        print(row, file=sys.stderr, flush=True)
+    return row
 
 
 def load_simulated() -> pd.DataFrame:

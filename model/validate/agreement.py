@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +35,7 @@ from model.specs.workload import (
     load_workload,
     workload_from_dict,
 )
+from model.validate.parallel import ordered_map
 
 # reference step models (affine, so both sides see identical step times; papers/research/theory.md
 # §1.1): a fixed-length one with prefill attention cost, and the AgentX one of the notebook
@@ -235,13 +234,7 @@ def simulations(names=None, replications: int = REPLICATIONS, processes: int | N
     per run; runs go to `processes` worker processes (default one per CPU)."""
     todo = [(sc.name, sc.seed + k) for sc in SCENARIOS if not names or sc.name in names
             for k in range(min(replications, sc.replications))]
-    workers = max(1, min(processes or os.cpu_count() or 1, len(todo)))
-    if workers == 1:
-        rows = [_simulated_row(t) for t in todo]
-    else:
-        with ProcessPoolExecutor(workers) as pool:
-            rows = list(pool.map(_simulated_row, todo))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(ordered_map(_simulated_row, todo, processes))
 
 
 def verdict(rel: float, half_width: float, tol: float = TOLERANCE) -> str:

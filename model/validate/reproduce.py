@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -26,6 +25,7 @@ import yaml
 from model import ROOT
 from model.specs.errors import ServecastError, SpecError
 from model.specs.specio import write_atomic
+from model.validate.parallel import fork_context
 
 PAPERS = ROOT / "papers"
 COMPARISONS = ("approx", "at_least", "at_most")
@@ -172,20 +172,13 @@ class Context:
             return
         wl, slo = self.defaults["workload"], float(self.defaults["slo_p90_interactivity"])
         with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
-                                 mp_context=_fork_context()) as pool:
+                                 mp_context=fork_context()) as pool:
             futures = {k: pool.submit(plan_summary, *k[:3], wl, slo, *k[3:]) for k in todo}
             for k, fut in futures.items():
                 try:
                     self._memo[("plan", *k)] = (True, fut.result())
                 except Exception as err:
                     self._memo[("plan", *k)] = (False, err)
-
-
-def _fork_context():
-    """fork where the OS has it (the workers inherit the loaded data and never re-run the
-    caller's __main__), else spawn."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
 def plan_summary(arch: str, hardware: str, gpus: int, workload: str,
