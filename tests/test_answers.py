@@ -79,3 +79,11 @@ def test_off_or_no_cache_folder_stores_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVECAST_CACHE_DIR", "off")
     assert answers.answers_dir() is None
     assert not any(tmp_path.iterdir())
+
+
+def test_a_damaged_store_only_means_computing_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVECAST_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(answers.ANSWER_ENV, raising=False)
+    (tmp_path / "answers").mkdir()
+    (tmp_path / "answers" / "cache.db").write_bytes(b"not a database" * 100)
+    assert answers.answered("serve", {"x": 2}, lambda: {"a": 2.5}) == {"a": 2.5}

@@ -112,13 +112,15 @@ def _plain(out: dict) -> dict:
 
 
 def _read(folder: Path, key: str) -> dict | None:
+    import sqlite3
+
     import diskcache
 
     try:
         with diskcache.Cache(str(folder), size_limit=LIMIT_BYTES) as store:
             text = store.get(key)
         return None if text is None else json.loads(text)
-    except (OSError, ValueError, diskcache.Timeout):  # unreadable: compute again
+    except (OSError, ValueError, sqlite3.Error, diskcache.Timeout):  # unreadable: compute again
         return None
 
 
