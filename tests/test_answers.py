@@ -87,3 +87,14 @@ def test_a_damaged_store_only_means_computing_again(tmp_path, monkeypatch):
     (tmp_path / "answers").mkdir()
     (tmp_path / "answers" / "cache.db").write_bytes(b"not a database" * 100)
     assert answers.answered("serve", {"x": 2}, lambda: {"a": 2.5}) == {"a": 2.5}
+
+
+def test_a_reproduction_asked_again_is_read_back(tmp_path):
+    # the workload claims of the vLLM AgentX post (6 claims, about a second computed); the
+    # paper's claims.yaml is part of the source digest, the --workers are not part of the key
+    args = ["reproduce", "vllm-agentx", "--only", "workload.*", "--json"]
+    first = _servecast(args, tmp_path)
+    again = _servecast([*args, "--workers", "1"], tmp_path)
+    assert first == again and '"claims": 6' in first
+    with diskcache.Cache(str(tmp_path / "answers")) as store:
+        assert len(store) == 1

@@ -1,6 +1,6 @@
 """The answer cache: a command's output for the same inputs, model and data, read back from disk
-instead of computed again (`servecast plan` takes seconds to a minute cold; a planner asking the
-same question twice, or a batch run again, gets it in a fraction of a second).
+instead of computed again (`servecast plan` takes seconds to a minute cold, `reproduce` minutes; a
+planner asking the same question twice gets it in a fraction of a second).
 
 An entry is keyed by a SHA-256 over the command, its arguments, the content of every argument that
 names a file, and `source_digest()`: the model's source, the specs and data it reads, and the
@@ -35,7 +35,7 @@ LIMIT_BYTES = 256 * 1024**2  # a plan's answer is 5-50 KB: thousands of them
 # path, size and modification time (the large ones, whose edits change both)
 CONTENT = (("model", "**/*.py"), ("hardware", "*.yaml"), ("data/calibration", "*.yaml"),
            ("data/workloads", "*"), ("data/deployments", "*"), ("data/prices", "*"),
-           ("data/architectures", "*.yaml"))
+           ("data/architectures", "*.yaml"), ("data/benchmarks", "*"), ("papers", "**/*.yaml"))
 STAT = (("data/architectures", "**/*.json"), ("data/traces", "**/*"),
         ("data/calibration/ops", "**/*"))
 LIBRARIES = ("numpy", "scipy", "pandas", "pydantic", "pyyaml", "numba")

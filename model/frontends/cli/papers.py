@@ -20,10 +20,14 @@ def register(app: typer.Typer) -> None:
     def reproduce_cmd(paper: str = PAPER, only: list[str] = ONLY, workers: int = WORKERS,
                       report: bool = REPORT, as_json: bool = JSON) -> None:
         """Evaluate each claim's predictor; a claim the model cannot predict shows its reason."""
-        from model.validate.reproduce import reproduce, write_report  # loads on use
+        from model.frontends.answers import answered
 
-        result = reproduce(paper, only=only or None, workers=workers)
+        # the workers change how fast, not what: they stay out of the answer's key
+        result = answered("reproduce", {"paper": paper, "only": sorted(only or [])},
+                          lambda: _reproduced(paper, only, workers))
         if report:
+            from model.validate.reproduce import write_report  # loads on use
+
             result["report_path"] = str(write_report(result))
         if as_json:
             emit(result, True)
@@ -36,3 +40,9 @@ def register(app: typer.Typer) -> None:
                 shown = f"{row['predicted']:.4g}  {verdict} {row['rel_error']:+.1%}"
             print(f"{row['id']:<48} published {row['published']:<10.4g} predicted {shown}")
         emit({k: v for k, v in result.items() if k not in ("claims", "title")}, False)
+
+
+def _reproduced(paper: str, only: list[str] | None, workers: int) -> dict:
+    from model.validate.reproduce import reproduce  # loads on use
+
+    return reproduce(paper, only=only or None, workers=workers)
