@@ -18,7 +18,7 @@ q follows a Markov chain over job starts (`_queue_seen`)."""
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import gammaln, xlogy
+from scipy.special import gammaln
 
 from model.serve.queueing import ascending, expected_min, mg1_wait_pmf, residual_mass, split_bins
 
@@ -142,8 +142,10 @@ def _queue_seen(s_g, w_g, lam, edges) -> tuple[np.ndarray, float]:
     k = np.arange(top + 3)
     # Poisson pmf in logs: a recurrence p(k) = p(k - 1) mu / k overflows where mu runs into
     # the hundreds (a saturated rank), and e^-mu times it is then NaN
-    pois = np.exp(xlogy(k, mu[:, :, None]) - mu[:, :, None] - gammaln(k + 1.0))
-    pk = np.einsum("sgk,g->sk", pois, w_g)
+    # k log(mu) with log taken once per (state, group); at mu = 0 only k = 0 has mass, as xlogy
+    log_mu = np.log(np.maximum(mu, np.finfo(float).tiny))
+    pois = np.exp(k * log_mu[:, :, None] - mu[:, :, None] - gammaln(k + 1.0))
+    pk = np.matmul(w_g, pois)  # over the groups: (states, k)
     nxt = q_of[:, None] + k[None, :] - 1
     dest = np.where(nxt < 0, 0, 1 + np.minimum(nxt, top))
     n_states = len(ages)

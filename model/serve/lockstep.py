@@ -29,7 +29,7 @@ while it reaches: a grid that moved with every step time would make the fixed po
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -370,8 +370,10 @@ class _MergeLaw:
         self.piece = transform(last_tokens) - 1.0
         self.run_last = transform(last_tokens[runs] if runs.any() else last_tokens)
         self.full_at = np.arange(1, self.BINS // 32) * 32 - 1  # P(tokens >= n chunk) = sf[.]
+        # `extra`, remembered per law: the rate solver asks again at the rates it has tried
+        self.extra = lru_cache(maxsize=1024)(self._extra)
 
-    def extra(self, arrivals_per_chunk: float) -> float:
+    def _extra(self, arrivals_per_chunk: float) -> float:
         """Full slots per request beyond the per-prompt count when `arrivals_per_chunk` prompts
         reach a rank per slot of a run (a run of f chunks queues Poisson(f that) of them)."""
         # one transform per run length, all lengths at once (rows)
@@ -423,12 +425,26 @@ class SlotChain:
         step = self.trans[None, :, :] * phi.T[:, None, :]  # P D(theta): column b scaled by phi_b
         whole = int(np.floor(slots))
         rest = slots - whole
-        power = np.linalg.matrix_power(step, whole)
-        cf = (1.0 - rest) * np.einsum("a,kab->k", self.opens, power)
+        row = _row_times_power(self.opens.astype(complex), step, whole)  # opens' (P D)^m
+        cf = (1.0 - rest) * row.sum(axis=1)
         if rest > 0:
-            cf = cf + rest * np.einsum("a,kab,kbc->k", self.opens, power, step)
+            cf = cf + rest * np.matmul(row[:, None, :], step)[:, 0, :].sum(axis=1)
         out = np.maximum(np.fft.irfft(cf, 2 * n)[:n], 0.0)
         return out / max(out.sum(), 1e-300)
+
+
+def _row_times_power(row: np.ndarray, step: np.ndarray, m: int) -> np.ndarray:
+    """row' step^m for every frequency (step: (frequencies, states, states)), by squaring:
+    the row meets each power of two it needs, so only the squarings are matrix products."""
+    out = np.broadcast_to(row, step.shape[:2]).copy()
+    power = step
+    while m:
+        if m & 1:
+            out = np.matmul(out[:, None, :], power)[:, 0, :]
+        m >>= 1
+        if m:
+            power = np.matmul(power, power)
+    return out
 
 
 @dataclass(frozen=True)

@@ -71,14 +71,15 @@ def split_bins_each(pos: np.ndarray, weights: tuple, n: int) -> list[np.ndarray]
     """`split_bins` of the same positions under each of several weight vectors (None: 1),
     locating the points once."""
     pos = np.clip(np.asarray(pos, float), 0.0, n - 1.0)
-    low = np.floor(pos).astype(int)
+    low = pos.astype(int)  # pos >= 0: truncation is the floor
     frac = pos - low
-    high, keep = low + 1, 1.0 - frac
     out = []
     for weights_i in weights:
-        w = np.ones_like(pos) if weights_i is None else np.asarray(weights_i, float)
-        out.append((np.bincount(low, w * keep, minlength=n + 1)
-                    + np.bincount(high, w * frac, minlength=n + 1))[:n])
+        upper = frac if weights_i is None else np.asarray(weights_i, float) * frac
+        whole = np.bincount(low, weights_i, minlength=n + 1)
+        # the part at the upper neighbour is the lower one's shifted by a cell
+        shifted = np.bincount(low, upper, minlength=n + 1)
+        out.append((whole - shifted)[:n] + np.r_[0.0, shifted[: n - 1]])
     return out
 
 
