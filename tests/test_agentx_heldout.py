@@ -15,6 +15,7 @@ from model.validate.agentx import (
     load_groups,
     load_runs,
     predict,
+    predict_group,
     summary,
 )
 
@@ -159,3 +160,23 @@ def test_worker_processes_predict_what_one_process_does():
     two, _ = predict(runs, groups, workers=2)
     assert len(one) == 2 and one.tpgs_model.notna().all()
     assert one.equals(two)
+
+
+def test_a_tp_group_across_nodes_is_served_where_the_recipe_places_it():
+    # Kimi K3 on 32 H200 (kimik3/vllm/h200-fp4/agentx/variants.yaml@bc9ce94e): TP16 x DP2 puts
+    # each attention group on two 8-GPU nodes, so its all-reduces cross the scale-out network.
+    # The label is served (the search never proposes it); at one session it decodes slower than
+    # TP8 x DP4 on the same GPUs, as measured: P90 interactivity 5.16 against 5.45 tok/s
+    # (inferencex_agentx_2026-09-15.csv, runs 441866 and 438893)
+    runs = load_runs()
+    rows = {}
+    for plan in ("tp16-dp2-ep32", "tp8-dp4-ep32"):
+        g = next(g for g in load_groups() if g["model"] == "kimik3"
+                 and g["hardware"] == "h200" and g["plan"] == plan)
+        sel = _group_runs(runs, g)
+        (rows[plan],) = predict_group(g, sel[sel.conc == 1])
+    assert rows["tp16-dp2-ep32"]["skip_reason"] == ""
+    assert (rows["tp16-dp2-ep32"]["p90_interactivity_model"]
+            < rows["tp8-dp4-ep32"]["p90_interactivity_model"])
+    assert (rows["tp16-dp2-ep32"]["p90_interactivity_measured"]
+            < rows["tp8-dp4-ep32"]["p90_interactivity_measured"])

@@ -181,10 +181,10 @@ def validate_plan(arch: Architecture, hw, plan: ParallelPlan,
     if p.redundant_experts and p.ep == 1:
         raise Infeasible(f"plan {p.label()}: redundant experts need expert parallelism (ep > 1), "
                          f"got ep=1")
-    domain = int(getattr(hw, "scale_up_domain_gpus", 8) or 8)
-    if p.tp > domain and not cross_domain_tp:
+    if tp_crosses_domain(p, hw) and not cross_domain_tp:
         raise Infeasible(f"plan {p.label()}: tp={p.tp} exceeds the scale-up domain of "
-                         f"{domain} GPUs on {getattr(hw, 'name', 'this chip')}")
+                         f"{_domain(hw)} GPUs on {getattr(hw, 'name', 'this chip')} (an "
+                         f"explicit --deployment may place it across domains)")
     if p.pp > len(arch.main_layers):
         raise Infeasible(f"plan {p.label()}: pp={p.pp} exceeds {len(arch.main_layers)} layers")
     for layer, _ in grouped_layers(arch.main_layers):
@@ -331,11 +331,20 @@ class Collective:
     skip_empty: bool = False  # not launched at all where it carries no bytes (else: latency)
 
 
+def _domain(hw) -> int:
+    return int(getattr(hw, "scale_up_domain_gpus", 8) or 8)
+
+
+def tp_crosses_domain(plan: ParallelPlan, hw) -> bool:
+    """Whether the plan's TP group spans more GPUs than one scale-up domain holds (its
+    all-reduces then run over the scale-out network)."""
+    return plan.tp > _domain(hw)
+
+
 def scope_of(group_gpus: int, hw, inner: int = 1) -> str:
     """A group of `group_gpus` ranks laid out with stride `inner` stays inside one scale-up domain
     when its whole span fits."""
-    domain = int(getattr(hw, "scale_up_domain_gpus", 8) or 8)
-    return "scale_up" if group_gpus * inner <= domain else "scale_out"
+    return "scale_up" if group_gpus * inner <= _domain(hw) else "scale_out"
 
 
 def layer_collectives(layer: Layer, count: int, plan: ParallelPlan, hw, hidden: int,

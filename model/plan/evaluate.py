@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, replace
 
-from model.perf.parallel import normalize_plan, validate_plan
+from model.perf.parallel import normalize_plan, tp_crosses_domain, validate_plan
 from model.perf.step import build_step_model
 from model.plan.deployment import Deployment, DeploymentShape, PhaseConfig
 from model.plan.traffic import Keyed
@@ -95,9 +95,12 @@ def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool
                       kernel_launch: str = KERNEL_LAUNCH):
     """The worker's step model as the screening built it (prefill-only workers draft nothing),
     its KV pool net of the activations of `max_num_batched_tokens` per step, its kernels
-    launched as `kernel_launch` says (model.specs.defaults.KERNEL_LAUNCH_MODES)."""
+    launched as `kernel_launch` says (model.specs.defaults.KERNEL_LAUNCH_MODES). Its plan was
+    validated where the deployment was made: the search places no TP group across scale-up
+    domains, a labelled deployment may (`labelled_deployment`)."""
     spec = setup.spec if decodes else SPEC_OFF
     return build_step_model(setup.arch, hw, phase.plan, precision=setup.precision,
+                            cross_domain_tp=tp_crosses_domain(phase.plan, hw),
                             kv_dtype=setup.kv_dtype, spec_tokens=spec[0],
                             acceptance_length=spec[1], spec_method=spec[2],
                             max_num_batched_tokens=max_num_batched_tokens,
@@ -108,12 +111,14 @@ def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency
                         policy: EnginePolicy) -> Deployment:
     """The deployment a parsed label describes, served with `setup` and `policy`: its plans
     normalized for the architecture as served and validated (a plan that does not fit is one
-    error line), as the screening writes them."""
+    error line), as the screening writes them. A label may place a TP group across scale-up
+    domains, as measured deployments do (TP16 over two 8-GPU H200 nodes); its all-reduces then
+    run over the scale-out network."""
     sized = with_precision(setup.arch, setup.precision)
 
     def phase(hw, plan, count: int, decodes: bool) -> PhaseConfig:
         plan = normalize_plan(sized, plan)
-        validate_plan(sized, hw, plan)
+        validate_plan(sized, hw, plan, cross_domain_tp=True)
         return PhaseConfig(hw.name, worker_step_model(setup, hw, PhaseConfig(hw.name, plan, count),
                                           decodes).plan, count)
 
