@@ -238,32 +238,31 @@ def admission_cap(eng: RankEngine, load: Load, rate_per_rank_rps: float, st: Sol
     if not isinstance(load, ClosedLoop):
         return x, st, 0.0, "", (f"{running:.0f} requests per rank would run at once; "
                                 f"{bounded_name} allows {limit:.0f}")
-    x, st, r_run = _admission_capped_rate(eng, x, limit, n_rank, st.warm_start)
+    x, st, r_run = _admission_capped_rate(eng, x, limit, n_rank, st.warm_start, running)
     admit_wait = max(n_rank / x - float(eng.sample.gap_s.mean()) - r_run
                      - st.prefill.mean_wait_s, 0.0)
     return x, st, admit_wait, bounded_name, ""
 
 
 def _admission_capped_rate(eng: RankEngine, max_rate_rps: float, limit_requests: float,
-                           sessions_per_rank: float, warm: WarmStart
+                           sessions_per_rank: float, warm: WarmStart, running_at_max: float
                            ) -> tuple[float, SolvedRate, float]:
-    """(x, state, run time) with x * run_time(x) = limit, by bisection below the uncapped rate
-    x_hi (a single re-solve at limit / run_time overshoots when the queue at x_hi made the run
-    time long)."""
+    """(x, state, run time) with x * run_time(x) = limit, by regula falsi below the uncapped
+    rate x_hi, where `running_at_max` requests run at once (`_regula_falsi`, as for the closed
+    loop's rate; a single re-solve at limit / run_time overshoots when the queue at x_hi made
+    the run time long)."""
     x_hi, limit, n_rank = max_rate_rps, limit_requests, sessions_per_rank
-    lo, hi, best = 0.0, x_hi, None
-    for _ in range(40):
-        x = 0.5 * (lo + hi)
+
+    def excess(x: float, warm: WarmStart) -> tuple[float, WarmStart]:
+        """(running - limit) / (running + limit): > 0 when x runs more requests at once than
+        the limit, -1 at no load, 1 only where x is not served."""
         st = solve_rate(eng, x, 1.0, n_rank, warm)
-        warm = st.warm_start
-        r_run = run_time_s(eng, st) if not st.reason else np.inf
-        if x * r_run > limit:
-            hi = x
-        else:
-            lo, best = x, (x, st, r_run)
-        if hi - lo < 1e-4 * x_hi:
-            break
-    if best is None:
-        st = solve_rate(eng, lo, 1.0, n_rank, warm)
-        best = (max(lo, 1e-12), st, run_time_s(eng, st))
-    return best
+        running = x * run_time_s(eng, st) if not st.reason else np.inf
+        return ((running - limit) / (running + limit) if np.isfinite(running) else 1.0,
+                st.warm_start)
+
+    f_hi = (running_at_max - limit) / (running_at_max + limit)
+    x, warm = _regula_falsi(excess, 0.0, -1.0, x_hi, f_hi, warm)
+    x = max(x, 1e-12)
+    st = solve_rate(eng, x, 1.0, n_rank, warm)
+    return x, st, run_time_s(eng, st)
