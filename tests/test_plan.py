@@ -238,3 +238,23 @@ def test_why_names_what_binds_when_the_slo_does_not():
     assert same and all(p.tpgs <= r.best["tpgs"] for p in same)
     assert "break the SLO" not in r.why
     assert "KV capacity" in r.why or "TPGS peaks" in r.why
+
+
+def test_a_listed_plan_may_span_scale_up_domains_the_search_never_does():
+    # Kimi K3 on 32 H200 (8-GPU NVLink nodes): TP16 x DP2 is what InferenceX's
+    # kimik3/vllm/h200-fp4/agentx/variants.yaml@bc9ce94e runs (override_agg_tp16dp2ep32_latency).
+    # `plan --deployment tp16-dp2-ep32` gets a model for it, its TP all-reduces over the
+    # scale-out network; the enumerated plans of the same budget keep TP within a node.
+    from model.perf.parallel import enumerate_plans
+    from model.plan.plan_models import SPEC_OFF, load_specs, plan_models
+    from model.specs.precision import with_precision
+    from model.specs.recipes import recipe_settings
+
+    arch, hw, _ = load_specs("kimi-k3", "h200-sxm")
+    precision, kv_dtype, _ = recipe_settings(arch.name, None, "bf16", False, hw)
+    tp16 = ParallelPlan(tp=16, dp=2, ep=32, moe_tp=1)
+    listed, why = plan_models(arch, hw, (32,), ("both",), 100_000, precision, kv_dtype, 4096,
+                              2, SPEC_OFF, only=(tp16,))
+    assert [m.plan.label() for m in listed] == ["tp16-dp2-ep32"], why
+    searched = enumerate_plans(with_precision(arch, precision), hw, 32, "both")
+    assert searched and max(p.tp for p in searched) == hw.scale_up_domain_gpus == 8

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.perf.kv import kv_bytes_per_token
-from model.perf.parallel import ParallelPlan, enumerate_plans, normalize_plan, validate_plan
+from model.perf.parallel import (
+    ParallelPlan,
+    enumerate_plans,
+    normalize_plan,
+    tp_crosses_domain,
+    validate_plan,
+)
 from model.perf.step import build_step_model
 from model.perf.step_table import StepTable, step_grid
 from model.plan.search_cache import replica_capacities
@@ -115,7 +121,7 @@ def _listed_plans(arch: Keyed, hw, precision, plans) -> list[ParallelPlan]:
     out = []
     for plan in plans:
         plan = normalize_plan(sized, plan)
-        validate_plan(sized, hw, plan)
+        validate_plan(sized, hw, plan, cross_domain_tp=True)  # a listed plan may span domains
         out.append(plan)
     return out
 
@@ -127,7 +133,8 @@ def _plan_model(arch: Keyed, hw, plan: ParallelPlan, precision, kv_dtype, contex
     try:
         step = build_step_model(arch.value, hw, plan, precision=precision, kv_dtype=kv_dtype,
                                 spec_tokens=spec[0], acceptance_length=spec[1],
-                                spec_method=spec[2])
+                                spec_method=spec[2],
+                                cross_domain_tp=tp_crosses_domain(plan, hw))
     except Infeasible as err:
         return str(err)
     sized = with_precision(arch.value, precision)
