@@ -231,6 +231,11 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.0f}%"
 
 
+def _without(table: pd.DataFrame) -> str:
+    n = int((table.skip_reason != "").sum())
+    return f"{n} mapped without a prediction" + (" (below)" if n else "")
+
+
 def write_report(table: pd.DataFrame, unmapped: pd.DataFrame, path: Path = REPORT) -> str:
     lines = ["# Held-out: InferenceX AgentX runs of DeepSeek V4 Pro, Kimi K3 and MiniMax M3 "
              "(2026-09-15)", "",
@@ -242,8 +247,7 @@ def write_report(table: pd.DataFrame, unmapped: pd.DataFrame, path: Path = REPOR
              "Error = model / measured - 1. P90 interactivity is 1 / P90 of per-request TPOT, as "
              "InferenceX reports it. `frontend`: python = vLLM's OpenAI server, rust = "
              "VLLM_USE_RUST_FRONTEND=1, dynamo = the Dynamo frontend.", "",
-             f"{int((table.skip_reason == '').sum())} runs predicted, "
-             f"{int((table.skip_reason != '').sum())} mapped without a prediction (below); "
+             f"{int((table.skip_reason == '').sum())} runs predicted, {_without(table)}; "
              f"{len(unmapped)} runs of the file have no deployment mapped (see the YAML's "
              "header for why).", "",
              "Median error (median |error|) by model and load band:", "",
