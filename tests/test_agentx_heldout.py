@@ -103,10 +103,10 @@ def test_kimi_k3_b300_aggregated_sweep_from_24_sessions():
 
 
 def test_each_run_has_at_most_one_deployment_and_the_unmapped_are_the_headers():
-    # data/benchmarks/inferencex_agentx_deployments.yaml maps 211 of the 245 runs; its header
-    # names the 34 left: MiniMax M3 on 8 H100 (30, weights offloaded to host memory), Kimi K3 on
-    # MI355X at 44 and 48 sessions (2, DCP8 launcher not stored), DeepSeek V4 Pro on MI355X at 64
-    # sessions (2, TP8 and DEP8 rows indistinguishable in the export)
+    # data/benchmarks/inferencex_agentx_deployments.yaml maps 241 of the 245 runs; its header
+    # names the 4 left: Kimi K3 on MI355X at 44 and 48 sessions (2, DCP8 launcher not stored),
+    # DeepSeek V4 Pro on MI355X at 64 sessions (2, TP8 and DEP8 rows indistinguishable in the
+    # export)
     runs = load_runs()
     owners = {}
     for g in load_groups():
@@ -114,10 +114,10 @@ def test_each_run_has_at_most_one_deployment_and_the_unmapped_are_the_headers():
             owners.setdefault(run_id, []).append((g["model"], g["hardware"], g["gpus"]))
     assert all(len(v) == 1 for v in owners.values()), {k: v for k, v in owners.items()
                                                       if len(v) > 1}
-    assert len(owners) == 211
+    assert len(owners) == 241
     left = runs[~runs.id.isin(owners)]
     assert left.groupby(["model", "hardware"]).size().to_dict() == {
-        ("dsv4", "mi355x"): 2, ("kimik3", "mi355x"): 2, ("minimaxm3", "h100"): 30}
+        ("dsv4", "mi355x"): 2, ("kimik3", "mi355x"): 2}
     assert sorted(left[left.hardware == "mi355x"].conc) == [44, 48, 64, 64]
 
 
@@ -182,8 +182,7 @@ def test_a_tp_group_across_nodes_is_served_where_the_recipe_places_it():
         policy = _policy(g, 1)
         shape, _ = parse_deployment_label(f"1x[{plan}]").resolve(32)
         replica = labelled_deployment(shape, setup, 1, policy).replica
-        step = worker_step_model(setup, setup.hardware, replica, True,
-                                 policy.max_num_batched_tokens, policy.kernel_launch)
+        step = worker_step_model(setup, setup.hardware, replica, True, policy)
         step_s[plan] = float(step.step_time_s(0.0, 0.0, 1.0, 100_000.0))
         sel = _group_runs(runs, g)
         measured[plan] = float(sel[sel.conc == 1].p90_interactivity.iloc[0])

@@ -2,7 +2,9 @@
 
     step = (sum over layers of kernel times (model.perf.roofline, on one GPU's shard)) x the
            engine's phase scale + collectives the plan adds (model.perf.parallel, timed by
-           model.perf.comm) + a fixed per-step engine overhead (model.perf.engine_factors)
+           model.perf.comm) + the host-link reads of weights kept in host memory
+           (model.perf.host_weights) + a fixed per-step engine overhead
+           (model.perf.engine_factors)
 
 That is a step replayed as one CUDA graph. Launched kernel by kernel (`kernel_launch`), the
 host issues each of the step's kernels (`kernels_per_step`) itself: in `eager` mode it runs
@@ -31,6 +33,7 @@ from model.perf import roofline
 from model.perf.comm import collective_time_s
 from model.perf.engine_factors import EngineFactors, engine_factors
 from model.perf.expert_balance import hot_rank_load_factor
+from model.perf.host_weights import NO_HOST_WEIGHTS, HostWeights, host_weights
 from model.perf.memory import activation_bytes, kv_specs, unpadded_sequence_bytes
 from model.perf.ops import (
     Step,
@@ -71,7 +74,8 @@ EAGLE_DRAFT_VOCAB = 32000  # EAGLE-3 drafts predict over a reduced vocabulary (S
 # top-k sum; a collective is one NCCL kernel; a memory op is one kernel, except `norms`, the
 # layer's two fused residual-add RMSNorms. Rotary embedding, sampling and the input preparation
 # copies are not in the op list and are not counted.
-KERNELS_PER_OP = {"gemm": 1, "attention": 2, "moe": 6, "network": 1, "memory": 1}
+KERNELS_PER_OP = {"gemm": 1, "attention": 2, "moe": 6, "network": 1, "memory": 1, "host": 0}
+ADDED_KINDS = ("network", "host")  # waits added to the scaled kernels: collectives, host reads
 NORM_KERNELS = 2
 
 
@@ -92,6 +96,14 @@ class StepModel:
     spec_method: str = "mtp"  # mtp (checkpoint's MTP layer) | eagle3 | dspark (external draft)
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS  # per step and DP rank
     kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking
+    cpu_offload_gib: float = 0.0  # weights per GPU kept in host memory (vLLM --cpu-offload-gb)
+
+    @cached_property
+    def host_weights(self) -> HostWeights:
+        """The decoder layers `cpu_offload_gib` moves to host memory (model.perf.host_weights)."""
+        if self.cpu_offload_gib <= 0:
+            return NO_HOST_WEIGHTS
+        return host_weights(self.arch, self.plan, self._groups, self.cpu_offload_gib)
 
     @cached_property
     def activation_reserve_bytes(self) -> float:
@@ -109,8 +121,9 @@ class StepModel:
 
     @cached_property
     def weight_bytes_per_gpu(self) -> float:
-        """Weights one GPU holds: the sharded model, with the MTP layer or an external draft
-        model's layer and head when speculative decoding uses them."""
+        """Weights one GPU holds in HBM: the sharded model, with the MTP layer or an external
+        draft model's layer and head when speculative decoding uses them, less what
+        `cpu_offload_gib` keeps in host memory."""
         mtp = self.spec_tokens > 0 and self.spec_method == "mtp" and bool(self.arch.mtp_layers)
         total = weight_bytes_per_gpu(self.arch, self.plan, with_mtp=mtp)
         if self.spec_tokens > 0 and not mtp:  # an external draft model's layer and head
@@ -119,7 +132,7 @@ class StepModel:
                          for lin in layer.attention.projections + layer.mlp.projections)
             total += (rows * self.arch.lm_head.in_features
                       * lookup_dtype(self.arch.lm_head.dtype).bytes / self.plan.tp)
-        return total
+        return total - self.host_weights.bytes_per_gpu
 
     @property
     def gpus(self) -> int:
@@ -221,6 +234,11 @@ class StepModel:
             out += self._draft_times(dec, dctx, ideal)
         if ideal:
             return out
+        if self.host_weights.bytes_per_gpu > 0:
+            tokens = pre_r + dec * q / p.dp
+            tokens_group = pre + dec * q if p.dp > 1 or p.ep > 1 else tokens
+            out.append(("host_weights", "host", 1, self.host_weights.read_s(
+                self._groups, p, hw, tokens_group, tokens > 0)))
         for c in pipeline_collectives(p, hw, arch.hidden_size, pre_r * p.pcp * p.dp, dec * q):
             out.append((c.name, "network", c.count,
                         collective_time_s(c.op, c.bytes, c.gpus, hw, c.scope, c.algorithm)))
@@ -265,8 +283,8 @@ class StepModel:
         scale = f.prefill_scale * pre_share + f.decode_scale * (1 - pre_share)
         moe = f.moe_prefill_scale * pre_share + f.moe_scale * (1 - pre_share)
         kernel = sum(np.asarray(t) * c * (moe if kind == "moe" else 1.0)
-                     for _, kind, c, t in times if kind != "network")
-        network = sum((np.asarray(t) * c for _, kind, c, t in times if kind == "network"),
+                     for _, kind, c, t in times if kind not in ADDED_KINDS)
+        network = sum((np.asarray(t) * c for _, kind, c, t in times if kind in ADDED_KINDS),
                       0.0 * pre)
         overhead = f.step_overhead_s
         kernel = np.maximum(kernel * scale, floor)
@@ -296,9 +314,9 @@ class StepModel:
                                                  decode_context, prefill_seqs)
         times = self._op_times(pre, pctx, dec, dctx, pseqs, self._pranks(prefill_ranks))
         kernel = sum(np.asarray(t) * c for _, kind, c, t in times
-                     if kind not in ("network", "moe"))
+                     if kind not in ADDED_KINDS + ("moe",))
         moe = sum((np.asarray(t) * c for _, kind, c, t in times if kind == "moe"), 0.0 * pre)
-        network = sum((np.asarray(t) * c for _, kind, c, t in times if kind == "network"),
+        network = sum((np.asarray(t) * c for _, kind, c, t in times if kind in ADDED_KINDS),
                       0.0 * pre)
         busy = (pre > 0) | (dec > 0)
         return (np.where(busy, kernel, 0.0), np.where(busy, network, 0.0),
@@ -346,7 +364,10 @@ class StepModel:
             m["time_s"] += r["time_s"]
         counts = self.counts_per_gpu(pre, pctx, dec, dctx, pseqs)
         bound = self._bound_shares(times, counts)
-        bound["network"] = float(network)
+        host = sum(float(np.asarray(t)) * c for _, kind, c, t in times if kind == "host")
+        bound["network"] = float(network) - host
+        if host:
+            bound["host_link"] = host
         bound["overhead"] = float(overhead)
         label = max(bound, key=bound.get)
         return {"step_time_s": float(total), "ops": sorted(merged.values(),
@@ -402,7 +423,7 @@ class StepModel:
         shares = {"compute": 0.0, "hbm": 0.0}
         ridge = peak / bw
         for name, kind, c, t in times:
-            if kind == "network":
+            if kind in ADDED_KINDS:
                 continue
             t = float(np.asarray(t)) * c
             intensity = counts["op_intensity"].get(name)
@@ -476,11 +497,14 @@ def build_step_model(arch: Architecture, hw, plan: ParallelPlan, precision: str 
                      cross_domain_tp: bool = False, acceptance_length: float = 0.0,
                      spec_method: str = "mtp",
                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                     kernel_launch: str = KERNEL_LAUNCH) -> StepModel:
+                     kernel_launch: str = KERNEL_LAUNCH,
+                     cpu_offload_gib: float = 0.0) -> StepModel:
     """Validate the plan and build the step model; raises Infeasible if the plan breaks a rule
     or the weights leave no KV cache. `factors`: the engine factors (default: the backend's
     stored ones, `model.perf.engine_factors`). `kernel_launch`: CUDA graphs, eager or eager with
-    blocking launches (model.specs.defaults.KERNEL_LAUNCH_MODES). Memoized: the same inputs give
+    blocking launches (model.specs.defaults.KERNEL_LAUNCH_MODES). `cpu_offload_gib`: weights per
+    GPU kept in host memory and read over the host link each step (model.perf.host_weights,
+    vLLM --cpu-offload-gb). Memoized: the same inputs give
     the same object."""
     _check_speculation(spec_tokens, spec_acceptance, acceptance_length)
     if kernel_launch not in KERNEL_LAUNCH_MODES:
@@ -488,7 +512,8 @@ def build_step_model(arch: Architecture, hw, plan: ParallelPlan, precision: str 
                              f"{kernel_launch!r}")
     return _build(arch, hw, plan, precision, kv_dtype, backend, spec_tokens, spec_acceptance,
                   factors or engine_factors(backend), check_fit, moe_precision, cross_domain_tp,
-                  acceptance_length, spec_method, int(max_num_batched_tokens), kernel_launch)
+                  acceptance_length, spec_method, int(max_num_batched_tokens), kernel_launch,
+                  _offload_gib(cpu_offload_gib))
 
 
 def kernels_per_step(times) -> np.ndarray:
@@ -498,6 +523,14 @@ def kernels_per_step(times) -> np.ndarray:
     return sum(np.where(np.asarray(t) > 0, float(c), 0.0)
                * (NORM_KERNELS if name.endswith(":norms") else KERNELS_PER_OP[kind])
                for name, kind, c, t in times)
+
+
+def _offload_gib(value) -> float:
+    """`cpu_offload_gib` as a number of GiB >= 0 (vLLM's --cpu-offload-gb takes GiB)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+            or not 0.0 <= float(value) < np.inf:
+        raise ServecastError(f"cpu_offload_gib: must be a number of GiB >= 0, got {value!r}")
+    return float(value)
 
 
 def _check_speculation(spec_tokens: int, spec_acceptance: float, acceptance_length: float
@@ -520,13 +553,13 @@ def _build(arch: Architecture, hw, plan: ParallelPlan, precision: str | None,
            kv_dtype: str | None, backend: str, spec_tokens: int, spec_acceptance: float,
            factors: EngineFactors, check_fit: bool, moe_precision: str | None,
            cross_domain_tp: bool, acceptance_length: float, spec_method: str,
-           max_num_batched_tokens: int, kernel_launch: str) -> StepModel:
+           max_num_batched_tokens: int, kernel_launch: str, cpu_offload_gib: float) -> StepModel:
     arch = with_precision(arch, precision, moe_precision)
     plan = normalize_plan(arch, plan)
     validate_plan(arch, hw, plan, cross_domain_tp)
     model = StepModel(arch, hw, plan, kv_dtype or arch.default_kv_dtype, backend, factors,
                       spec_tokens, spec_acceptance, acceptance_length, spec_method,
-                      max_num_batched_tokens, kernel_launch)
+                      max_num_batched_tokens, kernel_launch, cpu_offload_gib)
     if check_fit and model.kv_pool_bytes_per_gpu <= 0:
         raise Infeasible(f"{arch.name} weights need {model.weight_bytes_per_gpu / 1e9:.1f} GB per "
                          f"GPU under {plan.label()}: with the activations of "

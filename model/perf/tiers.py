@@ -5,7 +5,8 @@ Tiers, per GPU (capacities and link rates from the Hardware spec):
 - `hbm`: the KV pool (model.perf.memory.hbm_budget).
 - `host`: CPU DRAM over PCIe, or NVLink-C2C on Grace systems (GB200/GB300); vLLM
   OffloadingConnector copies with DMA at ~50 of 64 GB/s on PCIe Gen5 when blocks are packed
-  (vLLM blog "Inside vLLM's New KV Offloading Connector") -> HOST_DMA_EFFICIENCY.
+  (vLLM blog "Inside vLLM's New KV Offloading Connector") ->
+  model.perf.host_weights.HOST_DMA_EFFICIENCY.
 - `nvme`: local drives, staged through host memory (vLLM TieringOffloadingSpec), so the rate is
   the slower of the drive and the host link.
 - `remote`: a Mooncake-store style pool over RDMA: the GPU's scale-out NIC share.
@@ -18,13 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.perf.host_weights import HOST_DMA_EFFICIENCY
 from model.perf.memory import hbm_budget, kv_bytes_per_gpu
 from model.perf.parallel import ParallelPlan, normalize_plan
 from model.perf.step import build_step_model
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
 
-HOST_DMA_EFFICIENCY = 50.0 / 64.0  # vLLM offload blog: ~50 GB/s one way on PCIe Gen5 x16 (H100)
 RDMA_EFFICIENCY = 0.9  # assumed; DeepEP internode kernels reach ~90% of a 400G NIC (DeepEP README)
 HOST_KV_FRACTION = 0.8  # assumed share of host DRAM given to the KV tier (rest: OS, weights, pinned)
 LATENCY_S = {"hbm": 0.0, "host": 10e-6, "nvme": 100e-6, "remote": 1e-3}  # assumed: DMA launch,

@@ -112,6 +112,7 @@ class Deployment:
     long_prefill_token_threshold: int = 0  # 0 = off (vLLM)
     prefill_schedule_interval: int = 1
     kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking (EnginePolicy)
+    cpu_offload_gib: float = 0.0  # weights per GPU in host memory (EnginePolicy)
     kv_connector: str = "NixlConnector"
     # checkpoint, KV dtype, speculative decoding (None: the architecture's own, defaults)
     serving: ServingFormat | None = field(default=None, compare=False, hash=False)
@@ -156,7 +157,8 @@ class Deployment:
                          "max_num_seqs": self.max_num_seqs,
                          "long_prefill_token_threshold": self.long_prefill_token_threshold,
                          "prefill_schedule_interval": self.prefill_schedule_interval,
-                         "kernel_launch": self.kernel_launch}
+                         "kernel_launch": self.kernel_launch,
+                         "cpu_offload_gib": self.cpu_offload_gib}
         return {**out, **self.extras}
 
 

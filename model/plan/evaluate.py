@@ -16,11 +16,7 @@ from model.plan.traffic import Keyed
 from model.serve.deployment import CacheChoice, DeploymentServing, serve_deployment
 from model.serve.policy import EnginePolicy
 from model.serve.pools import Workers
-from model.specs.defaults import (
-    FRONTEND_S_PER_PROMPT_TOKEN,
-    KERNEL_LAUNCH,
-    MAX_NUM_BATCHED_TOKENS,
-)
+from model.specs.defaults import FRONTEND_S_PER_PROMPT_TOKEN
 from model.specs.precision import with_precision
 from model.specs.recipes import SPEC_OFF
 from model.specs.workload import ClosedLoop, Load
@@ -71,18 +67,15 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
     policy = EnginePolicy(deployment.max_num_batched_tokens, deployment.max_num_seqs,
                           deployment.long_prefill_token_threshold,
                           deployment.prefill_schedule_interval, deployment.kernel_launch,
-                          FRONTEND_S_PER_PROMPT_TOKEN)
+                          FRONTEND_S_PER_PROMPT_TOKEN, deployment.cpu_offload_gib)
     if deployment.mode == "aggregated":
         replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True,
-                                            policy.max_num_batched_tokens, policy.kernel_launch),
-                          deployment.replica.instances)
+                                            policy), deployment.replica.instances)
         return serve_deployment(setup.workload, policy, load, replicas=replica,
                                 cache=setup.cache, seed=setup.seed)
     prefill = Workers(worker_step_model(setup, setup.prefill_hardware, deployment.prefill, False,
-                                        policy.max_num_batched_tokens, policy.kernel_launch),
-                      deployment.prefill.instances)
-    decode = Workers(worker_step_model(setup, setup.hardware, deployment.decode, True,
-                                       policy.max_num_batched_tokens, policy.kernel_launch),
+                                        policy), deployment.prefill.instances)
+    decode = Workers(worker_step_model(setup, setup.hardware, deployment.decode, True, policy),
                      deployment.decode.instances)
     link = min(float(setup.prefill_hardware.scale_out_bandwidth_bytes_per_s),
                float(setup.hardware.scale_out_bandwidth_bytes_per_s))
@@ -91,20 +84,22 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
 
 
 def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool,
-                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                      kernel_launch: str = KERNEL_LAUNCH):
+                      policy: EnginePolicy | None = None):
     """The worker's step model as the screening built it (prefill-only workers draft nothing),
-    its KV pool net of the activations of `max_num_batched_tokens` per step, its kernels
-    launched as `kernel_launch` says (model.specs.defaults.KERNEL_LAUNCH_MODES). Its plan was
+    as the engine `policy` runs it: its KV pool net of the activations of its batched tokens
+    per step, its kernels launched as it says (model.specs.defaults.KERNEL_LAUNCH_MODES), the
+    weights it keeps in host memory (model.perf.host_weights). Its plan was
     validated where the deployment was made: the search places no TP group across scale-up
     domains, a labelled deployment may (`labelled_deployment`)."""
+    policy = policy or EnginePolicy()
     spec = setup.spec if decodes else SPEC_OFF
     return build_step_model(setup.arch, hw, phase.plan, precision=setup.precision,
                             cross_domain_tp=tp_crosses_domain(phase.plan, hw),
                             kv_dtype=setup.kv_dtype, spec_tokens=spec[0],
                             acceptance_length=spec[1], spec_method=spec[2],
-                            max_num_batched_tokens=max_num_batched_tokens,
-                            kernel_launch=kernel_launch)
+                            max_num_batched_tokens=policy.max_num_batched_tokens,
+                            kernel_launch=policy.kernel_launch,
+                            cpu_offload_gib=policy.cpu_offload_gib)
 
 
 def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency: int,
@@ -120,14 +115,14 @@ def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency
         plan = normalize_plan(sized, plan)
         validate_plan(sized, hw, plan, cross_domain_tp=True)
         return PhaseConfig(hw.name, worker_step_model(setup, hw, PhaseConfig(hw.name, plan, count),
-                                          decodes).plan, count)
+                                          decodes, policy).plan, count)
 
     common = {"arch": setup.arch.name, "concurrency": int(concurrency),
               "max_num_batched_tokens": policy.max_num_batched_tokens,
               "max_num_seqs": policy.max_num_seqs,
               "long_prefill_token_threshold": policy.long_prefill_token_threshold,
               "prefill_schedule_interval": policy.prefill_schedule_interval,
-              "kernel_launch": policy.kernel_launch}
+              "kernel_launch": policy.kernel_launch, "cpu_offload_gib": policy.cpu_offload_gib}
     if shape.mode == "aggregated":
         return Deployment(mode="aggregated", replica=phase(setup.hardware, shape.replica,
                                                            shape.replicas or 1, True), **common)

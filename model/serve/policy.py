@@ -8,7 +8,7 @@ prefill chunks), then admits waiting ones, each prefill taking
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from model.specs.defaults import (
     KERNEL_LAUNCH,
@@ -28,6 +28,8 @@ class EnginePolicy:
     counter is shared across DP ranks, so prefill lands on the same steps everywhere (1 = off).
     `kernel_launch`: how a step's kernels are launched (model.specs.defaults.KERNEL_LAUNCH_MODES:
     CUDA graphs, --enforce-eager, or eager with CUDA_LAUNCH_BLOCKING=1).
+    `cpu_offload_gib`: weights per GPU the engine keeps in host memory and reads over the host
+    link every step (vLLM --cpu-offload-gb, in GiB; model.perf.host_weights); 0 = none.
     `frontend_s_per_prompt_token`: seconds the API server in front of the engine spends per
     prompt token rendering and tokenizing each request's whole prompt before the engine sees
     it; 0, the default, is the engine alone, as the queue laws and the simulator agreement study
@@ -41,12 +43,18 @@ class EnginePolicy:
     prefill_schedule_interval: int = 1
     kernel_launch: str = KERNEL_LAUNCH
     frontend_s_per_prompt_token: float = 0.0
+    cpu_offload_gib: float = 0.0
 
     def __post_init__(self) -> None:
         rate = self.frontend_s_per_prompt_token
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
             raise ServecastError(f"EnginePolicy: frontend_s_per_prompt_token: must be a number "
                                  f"of seconds in [0, 1), got {rate!r}")
+        offload = self.cpu_offload_gib
+        if isinstance(offload, bool) or not isinstance(offload, (int, float)) \
+                or not 0.0 <= offload < float("inf"):
+            raise ServecastError(f"EnginePolicy: cpu_offload_gib: must be a number of GiB >= 0, "
+                                 f"got {offload!r}")
         if self.kernel_launch not in KERNEL_LAUNCH_MODES:
             raise ServecastError(f"EnginePolicy: kernel_launch: allowed "
                                  f"{', '.join(KERNEL_LAUNCH_MODES)}, got {self.kernel_launch!r}")
@@ -93,15 +101,15 @@ class EnginePolicy:
         return int(-(-prompt_tokens // per_step))
 
     def with_threshold(self, threshold: int) -> EnginePolicy:
-        return EnginePolicy(self.max_num_batched_tokens, self.max_num_seqs, threshold,
-                            self.prefill_schedule_interval, self.kernel_launch)
+        return replace(self, long_prefill_token_threshold=threshold)
 
     def as_dict(self) -> dict:
         return {"max_num_batched_tokens": self.max_num_batched_tokens,
                 "max_num_seqs": self.max_num_seqs,
                 "long_prefill_token_threshold": self.long_prefill_token_threshold,
                 "prefill_schedule_interval": self.prefill_schedule_interval,
-                "kernel_launch": self.kernel_launch}
+                "kernel_launch": self.kernel_launch,
+                "cpu_offload_gib": self.cpu_offload_gib}
 
 
 def default_threshold(max_model_len: int, max_num_partial_prefills: int = 1) -> int:

@@ -112,12 +112,14 @@ def _spec_by_concurrency(g: dict, arch: str, hw) -> dict[int, tuple[int, float, 
 def _policy(g: dict, concurrency: int) -> EnginePolicy:
     """The engine knobs at one concurrency (max_num_seqs per DP rank; vLLM's default where the
     recipe leaves it; `kernel_launch` as the recipe runs the engine: eager-blocking for
-    --enforce-eager with CUDA_LAUNCH_BLOCKING=1, CUDA graphs where it says nothing)."""
+    --enforce-eager with CUDA_LAUNCH_BLOCKING=1, CUDA graphs where it says nothing;
+    `cpu_offload_gib` as the recipe's --cpu-offload-gb)."""
     return EnginePolicy(int(_at(g["max_num_batched_tokens"], concurrency)),
                         int(_at(g.get("max_num_seqs"), concurrency, MAX_NUM_SEQS)),
                         int(g.get("long_prefill_token_threshold", 0)),
                         int(g.get("prefill_schedule_interval", 1)),
-                        str(g.get("kernel_launch", KERNEL_LAUNCH)))
+                        str(g.get("kernel_launch", KERNEL_LAUNCH)),
+                        cpu_offload_gib=float(g.get("cpu_offload_gib", 0.0)))
 
 
 def deployment_label(g: dict) -> str:

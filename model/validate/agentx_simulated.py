@@ -16,6 +16,7 @@ closed form's request rate, within [MIN_S, MAX_S] simulated seconds, the first 2
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -25,7 +26,6 @@ from model.perf.microbatch import pipeline_lanes
 from model.plan.deployment import parse_deployment_label
 from model.plan.evaluate import evaluate_deployment, labelled_deployment, worker_step_model
 from model.plan.inputs import ServingChoices, setup_for
-from model.serve.policy import EnginePolicy
 from model.serve.simulate import simulate
 from model.specs.defaults import FRONTEND_S_PER_PROMPT_TOKEN
 from model.specs.hardware import load_hardware
@@ -35,7 +35,7 @@ from model.validate.parallel import ordered_map
 from model.validate.scoreboard import concurrency_band, run_record, run_slice
 
 SIMULATED = ROOT / "data" / "benchmarks" / "inferencex_agentx_simulated.csv"
-REQUESTS, MIN_S, MAX_S = 1500, 1200.0, 20000.0
+REQUESTS, MIN_S, MAX_S = 1500, 1200.0, 30000.0
 SEED = 0
 NOT_AGGREGATED = "the simulator runs one aggregated replica"
 NOT_PREDICTED = "the closed form has no prediction for this run"
@@ -53,10 +53,8 @@ def _setup(g: dict, concurrency: int):
         int(g.get("deployed_gpus", g["gpus"])))
     policy = agentx._policy(g, concurrency)
     deployment = labelled_deployment(shape, setup, concurrency, policy)
-    fronted = EnginePolicy(policy.max_num_batched_tokens, policy.max_num_seqs,
-                           policy.long_prefill_token_threshold, policy.prefill_schedule_interval,
-                           policy.kernel_launch, FRONTEND_S_PER_PROMPT_TOKEN)
-    return setup, deployment, fronted
+    return setup, deployment, replace(policy,
+                                      frontend_s_per_prompt_token=FRONTEND_S_PER_PROMPT_TOKEN)
 
 
 def simulate_run(g: dict, concurrency: int, seed: int = SEED) -> dict:
@@ -71,8 +69,7 @@ def simulate_run(g: dict, concurrency: int, seed: int = SEED) -> dict:
         return {"skip_reason": f"{type(err).__name__}: {err}"}
     if not full.stable:
         return {"skip_reason": NOT_PREDICTED}
-    step_model = worker_step_model(setup, setup.hardware, deployment.replica, True,
-                                   deployment.max_num_batched_tokens, deployment.kernel_launch)
+    step_model = worker_step_model(setup, setup.hardware, deployment.replica, True, policy)
     lanes_model, lanes = pipeline_lanes(step_model)
     duration = float(np.clip(REQUESTS / max(full.requests_per_s, 1e-9), MIN_S, MAX_S))
     sim = simulate(lanes_model, load_workload(agentx.WORKLOAD), policy, ClosedLoop(concurrency),

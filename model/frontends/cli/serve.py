@@ -105,6 +105,9 @@ def register(app: typer.Typer) -> None:
                                                 min=1),
         max_num_seqs: int = typer.Option(MAX_NUM_SEQS, "--max-num-seqs", min=1),
         prefill_schedule_interval: int = typer.Option(1, "--prefill-schedule-interval", min=1),
+        cpu_offload_gb: float = typer.Option(
+            0.0, "--cpu-offload-gb", min=0.0, help="weights per GPU, in GiB as vLLM's flag counts "
+            "them, kept in host memory and read over the host link every step"),
         slo_p90_interactivity: float = typer.Option(
             None, "--slo-p90-interactivity", callback=positive,
             help="also say whether P90 interactivity (tok/s per user) reaches this"),
@@ -154,6 +157,7 @@ def _serve_answer(arch: str, hardware: str, workload: str, concurrency: int | No
                   hit_rate: float | None, cache_policy: str, cache_tiers: str,
                   prefetch_reload: bool, infinite_cache: bool, long_prefill_token_threshold: int,
                   max_num_batched_tokens: int, max_num_seqs: int, prefill_schedule_interval: int,
+                  cpu_offload_gb: float,
                   slo_p90_interactivity: float | None, precision: str | None,
                   kv_dtype: str | None, tp: int, pp: int, dp: int, ep: int, moe_tp: int | None,
                   dcp: int, pcp: int, attention_dp: bool, redundant_experts: int,
@@ -166,7 +170,7 @@ def _serve_answer(arch: str, hardware: str, workload: str, concurrency: int | No
 
     w = load_workload(readable_workload(workload))
     policy = EnginePolicy(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
-                          prefill_schedule_interval)
+                          prefill_schedule_interval, cpu_offload_gib=float(cpu_offload_gb))
     load = _load(concurrency, rate, interarrival_cv, gap_cap_s, w)
     tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
     cache = {"hit_rate": hit_rate, "infinite": infinite_cache, "policy": cache_policy,
@@ -218,8 +222,7 @@ def _simulated(setup, dep, w, policy, load, duration_s: float, seed: int, hit_ra
     if dep.mode != "aggregated" or dep.replica.instances != 1:
         raise ServecastError("serve: --simulate-s: the simulator runs one replica; give no "
                              "--deployment, or one replica (1x[plan])")
-    step = worker_step_model(setup, setup.hardware, dep.replica, True,
-                             policy.max_num_batched_tokens)
+    step = worker_step_model(setup, setup.hardware, dep.replica, True, policy)
     hit = cache["hit_rate"] if cache["hit_rate"] is not None else (
         None if cache["infinite"] else hit_rate)
     return simulate(step, w, policy, load, duration_s=duration_s, seed=seed, hit_rate=hit,
