@@ -369,7 +369,15 @@ class _MergeLaw:
 
         self.piece = transform(last_tokens) - 1.0
         self.run_last = transform(last_tokens[runs] if runs.any() else last_tokens)
-        self.full_at = np.arange(1, self.BINS // 32) * 32 - 1  # P(tokens >= n chunk) = sf[.]
+        full_at = np.arange(1, self.BINS // 32) * 32 - 1  # P(tokens >= n chunk) = sf[.]
+        # sum_j sf[full_at_j] = J - sum_i pmf[i] #{j: full_at_j >= i}: one inner product with
+        # each row's pmf, taken on the transforms (Parseval for the real FFT of length 2 BINS)
+        below = np.zeros(2 * self.BINS)
+        below[:self.BINS] = len(full_at) - np.searchsorted(full_at, np.arange(self.BINS))
+        fold = np.full(self.BINS + 1, 2.0)
+        fold[[0, -1]] = 1.0
+        self.slots = float(len(full_at))
+        self.dual = fold * np.conj(np.fft.rfft(below)) / (2 * self.BINS)
         # `extra`, remembered per law: the rate solver asks again at the rates it has tried
         self.extra = lru_cache(maxsize=1024)(self._extra)
 
@@ -377,13 +385,9 @@ class _MergeLaw:
         """Full slots per request beyond the per-prompt count when `arrivals_per_chunk` prompts
         reach a rank per slot of a run (a run of f chunks queues Poisson(f that) of them)."""
         # one transform per run length, all lengths at once (rows)
-        pmf = np.fft.irfft(self.run_last * np.exp(arrivals_per_chunk * self.counts[:, None]
-                                                  * self.piece), 2 * self.BINS)[:, :self.BINS]
-        sf = 1.0 - np.cumsum(np.maximum(pmf, 0.0), axis=1)
-        total = 0.0
-        for share, row in zip(self.share, np.sum(sf[:, self.full_at], axis=1), strict=True):
-            total += share * float(row)
-        return total
+        rows = self.run_last * np.exp(arrivals_per_chunk * self.counts[:, None] * self.piece)
+        held = (rows @ self.dual).real
+        return float(np.sum(self.share * (self.slots - held)))
 
 
 @dataclass(frozen=True)

@@ -67,20 +67,27 @@ def split_bins(pos: np.ndarray, weights, n: int) -> np.ndarray:
     return split_bins_each(pos, (weights,), n)[0]
 
 
+SPLIT_SLICE = 1 << 20  # points binned at a time: temporaries stay small and are reused
+
+
 def split_bins_each(pos: np.ndarray, weights: tuple, n: int) -> list[np.ndarray]:
     """`split_bins` of the same positions under each of several weight vectors (None: 1),
-    locating the points once."""
-    pos = np.clip(np.asarray(pos, float), 0.0, n - 1.0)
-    low = pos.astype(int)  # pos >= 0: truncation is the floor
-    frac = pos - low
-    out = []
-    for weights_i in weights:
-        upper = frac if weights_i is None else np.asarray(weights_i, float) * frac
-        whole = np.bincount(low, weights_i, minlength=n + 1)
-        # the part at the upper neighbour is the lower one's shifted by a cell
-        shifted = np.bincount(low, upper, minlength=n + 1)
-        out.append((whole - shifted)[:n] + np.r_[0.0, shifted[: n - 1]])
-    return out
+    locating the points once, a slice of them at a time."""
+    pos = np.asarray(pos, float).ravel()
+    weights = tuple(None if w is None else np.broadcast_to(np.asarray(w, float), pos.shape)
+                    for w in weights)
+    whole = [np.zeros(n + 1) for _ in weights]
+    shifted = [np.zeros(n + 1) for _ in weights]
+    for start in range(0, max(pos.size, 1), SPLIT_SLICE):
+        part = np.clip(pos[start:start + SPLIT_SLICE], 0.0, n - 1.0)
+        low = part.astype(int)  # part >= 0: truncation is the floor
+        frac = part - low
+        for i, weights_i in enumerate(weights):
+            w = None if weights_i is None else weights_i[start:start + SPLIT_SLICE]
+            whole[i] += np.bincount(low, w, minlength=n + 1)
+            # the part at the upper neighbour is the lower one's shifted by a cell
+            shifted[i] += np.bincount(low, frac if w is None else w * frac, minlength=n + 1)
+    return [(w - s)[:n] + np.r_[0.0, s[: n - 1]] for w, s in zip(whole, shifted, strict=True)]
 
 
 def expected_min(sorted_s: np.ndarray, x, weights: np.ndarray | None = None,
