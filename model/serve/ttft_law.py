@@ -72,10 +72,10 @@ class TtftLaw:
         # those that waited w merge into their predecessor's last step with probability
         # merge P(L < w), then take `late`. Four parts: (plain, tilted) weights against the
         # wait f and its tilt f exp(-x w), each split into kept and merged.
-        both, moved = np.r_[base, late], np.r_[-merge, merge]
-        parts = (*split_bins_each(base / dt, (plain, tilted), TTFT_GRID),
-                 *split_bins_each(both / dt, (np.r_[plain, plain] * moved,
-                                              np.r_[tilted, tilted] * moved), TTFT_GRID))
+        kept = split_bins_each(base / dt, (plain, tilted, -plain * merge, -tilted * merge),
+                               TTFT_GRID)
+        moved = split_bins_each(late / dt, (plain * merge, tilted * merge), TTFT_GRID)
+        parts = (kept[0], kept[1], kept[2] + moved[0], kept[3] + moved[1])
         own_hat = sum(np.fft.rfft(part, 2 * TTFT_GRID) * hat
                       for part, hat in zip(parts, hats, strict=True))
         pmf = np.fft.irfft(own_hat, 2 * TTFT_GRID)[:TTFT_GRID]
