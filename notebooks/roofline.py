@@ -16,6 +16,7 @@ precision: str = ""  # GEMM weight format override, empty for the checkpoint for
 decode_seqs: int = 256  # sequences in the decode step (replica total)
 context_tokens: int = 4096  # context per decoding sequence / prompt length
 prefill_tokens: int = 8192  # new prompt tokens per rank in the prefill step
+cpu_offload_gib: float = 0.0  # weights per GPU kept in host memory (vLLM --cpu-offload-gb)
 output_dir: str = "."  # where figures and headline.json go
 
 # %% [markdown]
@@ -46,7 +47,7 @@ a = load_architecture(arch)
 hw = load_hardware(hardware)
 moe_tp = max(tp * dp // ep, 1)
 sm = build_step_model(a, hw, ParallelPlan(tp=tp, dp=dp, ep=ep, moe_tp=moe_tp),
-                      precision=precision or None)
+                      precision=precision or None, cpu_offload_gib=cpu_offload_gib)
 rate, peak = compute_rate(sm.arch.weight_dtype, hw)  # weight-only formats run at bf16
 bandwidth = hw.hbm_bandwidth_bytes_per_s
 ridge = peak / bandwidth
@@ -96,6 +97,14 @@ chart = charts.roofline_chart(
 charts.save(chart, Path(output_dir) / "roofline")
 chart
 
+# %% [markdown]
+# Weights kept in host memory (`cpu_offload_gib`, vLLM's `--cpu-offload-gb`) add a third roof.
+# vLLM's UVA offloader moves the first decoder layers' parameters to pinned host memory, and every
+# step reads them back across the host link, at tens of GB/s instead of the HBM's TB/s
+# (`model/perf/host_weights.py`). That wait is not a kernel, so it is not a point on the chart.
+# The step's breakdown counts it as `host_link`, and it names the bottleneck when it is the
+# largest part.
+
 # %%
 dec_b = sm.breakdown(0, 0, decode_seqs, context_tokens)
 pre_b = sm.breakdown(prefill_tokens * dp, context_tokens, 0, 0, dp)
@@ -109,6 +118,7 @@ headline = {
     "decode_top_op": points[points.phase == "decode"].iloc[0]["group"],
     "prefill_top_op": points[points.phase == "prefill"].iloc[0]["group"],
     "prefill_mfu": pre_b["flops_per_gpu"] / pre_b["step_time_s"] / peak,
+    "decode_host_link_ms": dec_b["time_by_bound_s"].get("host_link", 0.0) * 1e3,
 }
 nbio.write_headline(output_dir, headline)
 headline

@@ -25,3 +25,16 @@ def test_roofline_notebook_places_decode_left_and_prefill_right(tmp_path):
     assert head["decode_top_op"] == "dense MLP"
     assert head["prefill_top_op"] == "dense MLP"
     assert (tmp_path / "roofline.png").exists() and (tmp_path / "roofline.svg").exists()
+
+
+def test_roofline_notebook_counts_weights_read_from_host_memory(tmp_path):
+    # 4 GiB of Llama 3.1 8B's bf16 decoder layers in host memory (vLLM --cpu-offload-gb 4): every
+    # step reads all of them back, dense layers having no experts to skip, over PCIe Gen5 x16 at
+    # the 50 of 64 GB/s DMA rate (model.perf.host_weights): 4 x 2^30 / 50e9 = 85.9 ms, which
+    # then outweighs the whole 16-sequence decode step on HBM
+    head = run_notebook("roofline", {"arch": "meta-llama-3.1-8b", "hardware": "h100-sxm",
+                                     "tp": 1, "dp": 1, "ep": 1, "decode_seqs": 16,
+                                     "context_tokens": 2048, "prefill_tokens": 4096,
+                                     "cpu_offload_gib": 4.0}, tmp_path)
+    assert head["decode_host_link_ms"] == pytest.approx(4 * 2**30 / 50e9 * 1e3, rel=1e-6)
+    assert head["decode_bottleneck"] == "host_link"
