@@ -19,6 +19,7 @@ precision: str = ""  # serve weights in this format, e.g. mxfp8 (empty: the chec
 api_model: str = "claude-opus-5"  # API whose prices give the API-equivalent cost
 pareto_points: int = 8  # full-tier points added along the screening's Pareto front
 allow_beyond_window: bool = False  # serve workload requests past the model's context window (stated)
+cpu_offload_gib: float = 0.0  # weights per GPU every engine keeps in host memory (vLLM --cpu-offload-gb)
 output_dir: str = "."  # where figures and headline.json go
 
 # %% [markdown]
@@ -48,7 +49,7 @@ result = plan(arch=arch, hardware=hardware, gpus=gpus, workload=workload,
               else long_prefill_token_threshold,
               modes=(mode,) if mode else MODES, prefill_hardware=prefill_hardware or None,
               precision=precision or None, api_model=api_model, pareto_points=pareto_points,
-              allow_beyond_window=allow_beyond_window)
+              allow_beyond_window=allow_beyond_window, cpu_offload_gib=cpu_offload_gib)
 headline = result.contract()
 {k: headline[k] for k in ("tpgs", "p90_interactivity_tok_s", "p90_ttft_s", "tco_usd_per_hour",
                           "usd_per_mtok", "cost_advantage", "why")}

@@ -106,3 +106,52 @@ def test_serve_takes_the_offload_flag(capsys):
     assert moved["deployment"]["engine"]["cpu_offload_gib"] == 26.0
     assert moved["p90_interactivity_tok_s"] == pytest.approx(18.3, rel=0.5)
     assert resident["p90_interactivity_tok_s"] > 5 * moved["p90_interactivity_tok_s"]
+
+
+def test_the_prefix_cache_gets_the_hbm_the_weights_leave():
+    # the cache model's HBM tier (model.perf.tiers over model.perf.memory.hbm_budget) and the
+    # step model's pool are one pool: moving 26 GiB of weights per GPU adds 26 GiB per GPU of KV,
+    # which TP8 holds in 8 shards of every token (no attention-DP ranks to add up)
+    from model.perf.tiers import kv_bytes_per_token_per_gpu, tier_capacity_tokens
+    from model.specs.precision import with_precision
+
+    arch = with_precision(load_architecture("minimax-m3"), "mxfp8")
+    hw = load_hardware("h100-sxm")
+    resident, moved = (tier_capacity_tokens(arch, hw, TP8, "fp8", cpu_offload_gib=gib)["hbm"]
+                       for gib in (0, 26))
+    per_token = kv_bytes_per_token_per_gpu(arch, TP8, "fp8", 131072.0)
+    assert moved - resident == pytest.approx(26 * GIB / per_token, rel=1e-9)
+
+
+def test_plan_searches_what_fits_only_with_weights_in_host_memory():
+    # MiniMax M3 MXFP8 is 442 GB of weights: 4 H100 (342 GB of HBM) fit no plan, until 40 GiB
+    # per GPU stay in host memory (TP4 keeps 110 - 43 = 67 GB per GPU, under 90% of 80 GB)
+    from model.plan.plan_models import plan_models
+
+    arch, hw = load_architecture("minimax-m3"), load_hardware("h100-sxm")
+    args = (arch, hw, [4], ("decode",), 131072.0, "mxfp8", "fp8", 8192, 4)
+    assert plan_models(*args)[0] == []
+    models, _ = plan_models(*args, cpu_offload_gib=40)
+    tp4 = {m.plan.label(): m for m in models}["tp4-moetp4"]
+    assert tp4.step.cpu_offload_gib == 40 and tp4.kv_tokens > 0
+
+
+def test_plan_of_a_deployment_with_weights_in_host_memory_is_what_serve_answers(capsys):
+    # `plan --deployment` reports what `serve --deployment` does with the same engine settings
+    # (model.plan.planner.plan); the vLLM launch line carries the budget in vLLM's own unit
+    import json
+
+    from model.frontends.cli import main
+
+    common = ["--arch", "minimax-m3", "--hardware", "h100-sxm", "--deployment", "tp8-moetp8",
+              "--workload", "agentx-v1", "--concurrency", "4", "--cpu-offload-gb", "26",
+              "--json"]
+    assert main(["plan", *common, "--slo-p90-interactivity", "1"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert main(["serve", *common]) == 0
+    served = json.loads(capsys.readouterr().out)
+    for metric in ("tpgs", "p90_interactivity_tok_s", "p90_ttft_s"):
+        assert planned[metric] == pytest.approx(served[metric], rel=1e-9)
+    assert planned["deployment"]["engine"]["cpu_offload_gib"] == 26.0
+    assert planned["launch_commands"]["vllm"][-1].endswith("--cpu-offload-gb 26")
+    assert planned["bottleneck"] == "host_link"

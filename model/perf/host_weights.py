@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.perf.ops import layer_signature
+from model.perf.ops import grouped_layers, layer_signature
 from model.perf.parallel import ParallelPlan, linear_shard
 from model.perf.roofline import experts_touched
 from model.specs.dtypes import dtype as lookup_dtype
@@ -101,3 +101,10 @@ def host_weights(arch: Architecture, plan: ParallelPlan, groups, budget_gib: flo
             left -= moved
             total += moved
     return HostWeights(tuple(counts), total / plan.pp)
+
+
+def offloaded_bytes_per_gpu(arch: Architecture, plan: ParallelPlan, budget_gib: float) -> float:
+    """Weight bytes per GPU that `budget_gib` moves out of HBM (what the KV pool gains)."""
+    if budget_gib <= 0:
+        return 0.0
+    return host_weights(arch, plan, grouped_layers(arch.main_layers), budget_gib).bytes_per_gpu

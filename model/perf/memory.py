@@ -25,6 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from model.perf.host_weights import offloaded_bytes_per_gpu
 from model.perf.kv import entry_bytes, indexer_key_bytes, state_bytes
 from model.perf.ops import grouped_layers
 from model.perf.parallel import ParallelPlan, index_key_shard, kv_shard, normalize_plan
@@ -268,8 +269,11 @@ def hbm_budget(arch: Architecture, hw, plan: ParallelPlan = SINGLE_GPU,
                weight_bytes_per_gpu: float | None = None, kv_dtype: str | None = None,
                max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS, allocator: str = "hybrid",
                gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-               block_size: int = BASE_BLOCK_TOKENS, indexer_dtype: str | None = None) -> HbmBudget:
-    """Per-GPU HBM budget; raises Infeasible when weights + activations + reserve do not fit."""
+               block_size: int = BASE_BLOCK_TOKENS, indexer_dtype: str | None = None,
+               cpu_offload_gib: float = 0.0) -> HbmBudget:
+    """Per-GPU HBM budget; raises Infeasible when weights + activations + reserve do not fit.
+    `cpu_offload_gib`: weights per GPU kept in host memory (vLLM --cpu-offload-gb,
+    model.perf.host_weights), whose HBM the KV pool takes."""
     if allocator not in ALLOCATORS:
         raise ServecastError(f"unknown allocator {allocator!r}; allowed: {', '.join(ALLOCATORS)}")
     if not 0 < gpu_memory_utilization <= 1:
@@ -279,6 +283,7 @@ def hbm_budget(arch: Architecture, hw, plan: ParallelPlan = SINGLE_GPU,
     plan = normalize_plan(arch, plan)
     weights = weight_bytes_per_gpu if weight_bytes_per_gpu is not None else \
         sharded_weight_bytes(arch, plan)
+    weights -= offloaded_bytes_per_gpu(arch, plan, cpu_offload_gib)
     act = activation_bytes(arch, plan, max_num_batched_tokens)
     reserve = runtime_reserve_bytes(plan)
     usable = hw.hbm_bytes * gpu_memory_utilization

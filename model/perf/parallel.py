@@ -442,8 +442,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both") -> list[ParallelPlan]:
-    """Valid plans for one replica of exactly `gpus` GPUs whose weights fit.
+def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both",
+                    hbm_weight_bytes=None) -> list[ParallelPlan]:
+    """Valid plans for one replica of exactly `gpus` GPUs whose weights fit (`hbm_weight_bytes`:
+    plan -> the weight bytes per GPU it keeps in HBM; default all of them).
 
     phase: "prefill" adds PCP and DCP candidates (DCP without PCP: a prefill worker that keeps
     the sessions' prefixes sharded, as InferenceX's Kimi K3 recipe runs), "decode" adds DCP
@@ -472,7 +474,9 @@ def enumerate_plans(arch: Architecture, hw, gpus: int, phase: str = "both") -> l
                             validate_plan(arch, hw, plan)
                         except Infeasible:
                             continue
-                        if weight_bytes_per_gpu(arch, plan) < 0.9 * hbm:
+                        held = (weight_bytes_per_gpu(arch, plan) if hbm_weight_bytes is None
+                                else hbm_weight_bytes(plan))
+                        if held < 0.9 * hbm:
                             plans.append(plan)
     return sorted(set(plans), key=lambda q: (q.pp, -q.tp, q.dp, q.ep, q.pcp, q.dcp,
                                               q.redundant_experts))

@@ -87,12 +87,15 @@ def kv_bytes_per_token_per_gpu(arch, plan: ParallelPlan, kv_dtype: str | None = 
 
 def tier_capacity_tokens(arch, hw, plan: ParallelPlan, kv_dtype: str | None = None,
                          budget=None, remote_pool_bytes_per_gpu: float | None = None,
-                         context_tokens: float = 131072.0) -> dict[str, float]:
-    """Tokens of context one replica can keep in each tier (hbm from model.perf.memory.hbm_budget):
-    what `model.serve.cache_model.hit_rate` takes as `capacity_tokens`. Attention-DP ranks hold
+                         context_tokens: float = 131072.0,
+                         cpu_offload_gib: float = 0.0) -> dict[str, float]:
+    """Tokens of context one replica can keep in each tier (hbm from model.perf.memory.hbm_budget,
+    with `cpu_offload_gib` of weights per GPU in host memory): what
+    `model.serve.cache_model.hit_rate` takes as `capacity_tokens`. Attention-DP ranks hold
     different sequences, so their tiers add up; TP ranks hold shares of the same tokens."""
     plan = normalize_plan(arch, plan)
-    budget = budget or hbm_budget(arch, hw, plan, kv_dtype=kv_dtype)
+    budget = budget or hbm_budget(arch, hw, plan, kv_dtype=kv_dtype,
+                                  cpu_offload_gib=cpu_offload_gib)
     per_token = kv_bytes_per_token_per_gpu(arch, plan, kv_dtype, context_tokens)
     t = tiers_for(hw, budget.kv_pool_bytes, remote_pool_bytes_per_gpu)
     ranks = plan.dp * plan.pcp

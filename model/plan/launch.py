@@ -73,6 +73,8 @@ def _vllm_engine_flags(dep: Deployment, role: str) -> list[str]:
         flags += ["--long-prefill-token-threshold", str(dep.long_prefill_token_threshold)]
     if role == "mixed" and dep.prefill_schedule_interval > 1:
         flags += ["--prefill-schedule-interval", str(dep.prefill_schedule_interval)]
+    if dep.cpu_offload_gib > 0:  # GiB per GPU, as vLLM's flag counts them
+        flags += ["--cpu-offload-gb", f"{dep.cpu_offload_gib:g}"]
     return flags
 
 
@@ -132,6 +134,9 @@ def sglang_commands(dep: Deployment) -> list[str]:
         flags, notes = sglang_flags(phase)
         extra = [] if role == "mixed" else ["--disaggregation-mode", role,
                                             "--disaggregation-transfer-backend", "mooncake"]
+        if dep.cpu_offload_gib > 0:
+            notes = notes + [f"weights in host memory ({dep.cpu_offload_gib:g} GiB per GPU, "
+                             "vLLM's --cpu-offload-gb): not expressed"]
         out += [f"# note: {n}" for n in notes + fmt_notes]
         out.append(f"# {role}: {phase.instances} instance(s) on {phase.hardware}")
         out.append(_join([*base, *flags, *fmt_flags, *chunk, *extra]))

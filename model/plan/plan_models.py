@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.perf.host_weights import offloaded_bytes_per_gpu
 from model.perf.kv import kv_bytes_per_token
 from model.perf.parallel import (
     ParallelPlan,
@@ -23,6 +24,7 @@ from model.perf.parallel import (
     normalize_plan,
     tp_crosses_domain,
     validate_plan,
+    weight_bytes_per_gpu,
 )
 from model.perf.step import build_step_model
 from model.perf.step_table import StepTable, step_grid
@@ -89,20 +91,23 @@ def hardware_name(hw) -> str:
 
 def plan_models(arch, hw, sizes, phases, context_tokens: float, precision, kv_dtype,
                 chunk_tokens: int, max_dp: int, spec: Spec = SPEC_OFF,
-                only: tuple[ParallelPlan, ...] | None = None
+                only: tuple[ParallelPlan, ...] | None = None, cpu_offload_gib: float = 0.0
                 ) -> tuple[list[PlanModel], str]:
     """(a PlanModel for every valid plan of the replica sizes `sizes` and `phases`, the last
     reason a plan was left out). All tables share one grid, so aggregated and disaggregated
     candidates reuse them. `only`: these plans instead of the enumerated ones (normalized for
-    the architecture and validated)."""
+    the architecture and validated); `cpu_offload_gib`: weights per GPU each engine keeps in
+    host memory (vLLM --cpu-offload-gb, model.perf.host_weights)."""
     grid_top = float(max(GRID_PREFILL_TOKENS_PER_RANK, chunk_tokens) * max_dp)
     akey = Keyed.arch(arch)
+    offload = float(cpu_offload_gib)
     plans = _listed_plans(akey, hw, precision, only) if only is not None else [
-        p for g in sizes for phase in phases for p in _enumerated(akey, hw, precision, g, phase)]
+        p for g in sizes for phase in phases
+        for p in _enumerated(akey, hw, precision, g, phase, offload)]
     out, rejected = [], ""
     for plan in dict.fromkeys(plans):
         model = _plan_model(akey, hw, plan, precision, kv_dtype, float(context_tokens),
-                            int(chunk_tokens), grid_top, tuple(spec))
+                            int(chunk_tokens), grid_top, tuple(spec), offload)
         if isinstance(model, str):
             rejected = model
         else:
@@ -111,9 +116,15 @@ def plan_models(arch, hw, sizes, phases, context_tokens: float, precision, kv_dt
 
 
 @functools.lru_cache(maxsize=256)
-def _enumerated(arch: Keyed, hw, precision, gpus: int, phase: str) -> tuple[ParallelPlan, ...]:
-    # weights must fit at the serving precision
-    return tuple(enumerate_plans(with_precision(arch.value, precision), hw, gpus, phase))
+def _enumerated(arch: Keyed, hw, precision, gpus: int, phase: str, cpu_offload_gib: float = 0.0
+                ) -> tuple[ParallelPlan, ...]:
+    # the weights left in HBM must fit at the serving precision
+    sized = with_precision(arch.value, precision)
+
+    def in_hbm(plan: ParallelPlan) -> float:
+        return weight_bytes_per_gpu(sized, plan) - offloaded_bytes_per_gpu(sized, plan,
+                                                                           cpu_offload_gib)
+    return tuple(enumerate_plans(sized, hw, gpus, phase, in_hbm))
 
 
 def _listed_plans(arch: Keyed, hw, precision, plans) -> list[ParallelPlan]:
@@ -128,17 +139,19 @@ def _listed_plans(arch: Keyed, hw, precision, plans) -> list[ParallelPlan]:
 
 @functools.lru_cache(maxsize=2048)
 def _plan_model(arch: Keyed, hw, plan: ParallelPlan, precision, kv_dtype, context_tokens: float,
-                chunk_tokens: int, grid_top: float, spec: Spec) -> PlanModel | str:
+                chunk_tokens: int, grid_top: float, spec: Spec, cpu_offload_gib: float = 0.0
+                ) -> PlanModel | str:
     """The plan's model, or the reason it cannot serve (a string)."""
     try:
         step = build_step_model(arch.value, hw, plan, precision=precision, kv_dtype=kv_dtype,
                                 spec_tokens=spec[0], acceptance_length=spec[1],
                                 spec_method=spec[2],
-                                cross_domain_tp=tp_crosses_domain(plan, hw))
+                                cross_domain_tp=tp_crosses_domain(plan, hw),
+                                cpu_offload_gib=cpu_offload_gib)
     except Infeasible as err:
         return str(err)
     sized = with_precision(arch.value, precision)
-    kv = kv_capacity_tokens(sized, hw, plan, kv_dtype, step, context_tokens)
+    kv = kv_capacity_tokens(sized, hw, plan, kv_dtype, step, context_tokens, cpu_offload_gib)
     if kv <= 0:
         return f"{plan.label()}: no KV pool left"
     grid = step_grid(grid_top, GRID_DECODE_SEQS, GRID_POINTS)
@@ -148,14 +161,14 @@ def _plan_model(arch: Keyed, hw, plan: ParallelPlan, precision, kv_dtype, contex
 
 
 def kv_capacity_tokens(sized_arch, hw, plan: ParallelPlan, kv_dtype, step,
-                       context_tokens: float) -> float:
+                       context_tokens: float, cpu_offload_gib: float = 0.0) -> float:
     """Tokens of KV one replica's HBM pool holds at `context_tokens`: model.perf.memory's budget
-    (weights, activations, runtime reserve, allocator pages) via model.perf.tiers, the same
-    number the cache model gets; the step model's own pool estimate when the budget cannot be
-    formed (0 = infeasible)."""
+    (weights less those kept in host memory, activations, runtime reserve, allocator pages) via
+    model.perf.tiers, the same number the cache model gets; the step model's own pool estimate
+    when the budget cannot be formed (0 = infeasible)."""
     try:
         return replica_capacities(sized_arch, hw, plan, kv_dtype, ("hbm",),
-                                  context_tokens)["hbm"]
+                                  context_tokens, cpu_offload_gib)["hbm"]
     except Infeasible:
         return 0.0
     except (ServecastError, ValueError, AttributeError):

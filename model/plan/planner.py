@@ -161,7 +161,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
          cache_tiers=DEFAULT_TIERS, finite_cache: bool = True, recipe: bool = True,
          slo_p90_ttft_s: float | None = None, deployment: str | None = None,
          prefill_schedule_interval: int | None = None, pareto_points: int = 0,
-         allow_beyond_window: bool = False) -> PlanResult:
+         allow_beyond_window: bool = False, cpu_offload_gib: float = 0.0) -> PlanResult:
     """Search deployments of `arch` on `gpus` x `hardware` for `workload`; the best under the SLO.
 
     `slo_p90_ttft_s`: also require P90 TTFT at most this;
@@ -184,7 +184,10 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
     `pareto_points`: evaluate this many more points along the screening's Pareto front with
     the full tier (the reported front is always the full tier's evaluated points);
     `allow_beyond_window`: serve a workload whose requests pass the model's context window
-    (else refused), and state it among the assumptions."""
+    (else refused), and state it among the assumptions; `cpu_offload_gib`: weights per GPU every
+    engine keeps in host memory (vLLM --cpu-offload-gb, model.perf.host_weights): plans whose
+    weights fit only then become candidates, each step reads them over the host link, and the
+    KV pool takes the HBM they leave."""
     started = time.perf_counter()
     shape, gpus = _shape(deployment, gpus, modes)
     slo = _slo(slo_p90_interactivity, slo_p90_ttft_s, modes)
@@ -192,7 +195,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
                              recipe, cache_policy, tuple(cache_tiers), finite_cache, hit_rate,
                              allow_beyond_window=allow_beyond_window)
     inputs = resolve_inputs(arch, hardware, workload, choices, prefill_hardware,
-                            max_num_batched_tokens, traffic)
+                            max_num_batched_tokens, traffic, cpu_offload_gib)
     modes = (shape.mode,) if shape is not None else tuple(modes)
     fixed = None if concurrency is None else tuple(sorted({int(c) for c in concurrency}))
     grid = fixed or session_grid(gpus)
@@ -277,7 +280,8 @@ def _no_plan(inputs: PlanInputs, gpus: int, rejected: str) -> Infeasible:
         f"no parallel plan of {inputs.arch.name} fits {gpus} x {hw.name}: weights "
         f"{weight_bytes(served) / 1e9:,.0f} GB at {inputs.precision or inputs.arch.weight_dtype}"
         f" vs {gpus * hw.hbm_bytes / 1e9:,.0f} GB HBM" + (f" (e.g. {rejected})" if rejected else "")
-        + "; add GPUs or serve a smaller checkpoint (--precision fp8 / mxfp8 / nvfp4)")
+        + "; add GPUs, serve a smaller checkpoint (--precision fp8 / mxfp8 / nvfp4) or keep "
+        "weights in host memory (--cpu-offload-gb)")
 
 
 def deployment_of(row: pd.Series, arch_name: str, budget_tokens: int) -> Deployment:
@@ -285,7 +289,8 @@ def deployment_of(row: pd.Series, arch_name: str, budget_tokens: int) -> Deploym
     common = {"arch": arch_name, "concurrency": int(row["concurrency"]),
               "max_num_batched_tokens": budget_tokens,
               "long_prefill_token_threshold": int(row["threshold"]),
-              "prefill_schedule_interval": int(row["interval"])}
+              "prefill_schedule_interval": int(row["interval"]),
+              "cpu_offload_gib": float(row["_model"].step.cpu_offload_gib)}
     if row["mode"] == "aggregated":
         pm = row["_model"]
         return Deployment(mode="aggregated", replica=PhaseConfig(

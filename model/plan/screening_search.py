@@ -45,7 +45,8 @@ MAX_SCREENED_ROWS = 2_000_000
 def _cache_terms(pm: PlanModel, arch, hw, kv_dtype, workload, sessions, cache: CacheSetup):
     """(recomputed miss tokens, lower-tier tokens) per request and the lower tier's reload time
     per token, for `sessions` live sessions per replica of plan `pm` (model.plan.search_cache)."""
-    caps = replica_capacities(arch, hw, pm.plan, kv_dtype, cache.tiers, pm.context_tokens)
+    caps = replica_capacities(arch, hw, pm.plan, kv_dtype, cache.tiers, pm.context_tokens,
+                              pm.step.cpu_offload_gib)
     hbm, low, inf = tier_hits_interp(workload, caps, sessions, cache.policy)
     ctx = pm.context_tokens
     lower = cache.tiers[1] if len(cache.tiers) > 1 else "host"
@@ -283,11 +284,12 @@ def screen_candidates(inputs: PlanInputs, gpus: int, modes, concurrency, thresho
     frames, sat, rejected = [], pd.DataFrame(), ""
     ctx, chunk = inputs.traffic.mean_context_tokens, inputs.max_num_batched_tokens
     common = (inputs.precision, inputs.kv_dtype, chunk, gpus)
+    offload = {"cpu_offload_gib": inputs.cpu_offload_gib}
     if "aggregated" in modes:
         # PCP replicates decode-side state, so it belongs to dedicated prefill workers (post)
         models, rejected = plan_models(inputs.arch, inputs.hardware, replica_sizes(gpus, True),
                                        ("decode",), ctx, *common, inputs.spec,
-                                       None if shape is None else (shape.replica,))
+                                       None if shape is None else (shape.replica,), **offload)
         frames.append(search_aggregated(models, inputs.hardware, inputs.traffic, gpus,
                                         concurrency, thresholds, intervals,
                                         inputs.kv_bytes_per_token, chunk, inputs.cache_inputs,
@@ -297,10 +299,10 @@ def screen_candidates(inputs: PlanInputs, gpus: int, modes, concurrency, thresho
         sizes = replica_sizes(gpus - 1, False)
         p_models, why_p = plan_models(inputs.arch, inputs.prefill_hardware, sizes, ("prefill",),
                                       ctx, *common, SPEC_OFF,
-                                      None if shape is None else (shape.prefill,))
+                                      None if shape is None else (shape.prefill,), **offload)
         d_models, why_d = plan_models(inputs.arch, inputs.hardware, sizes, ("decode",), ctx,
                                       *common, inputs.spec,
-                                      None if shape is None else (shape.decode,))
+                                      None if shape is None else (shape.decode,), **offload)
         rejected = why_d or why_p or rejected
         link = min(float(inputs.prefill_hardware.scale_out_bandwidth_bytes_per_s),
                    float(inputs.hardware.scale_out_bandwidth_bytes_per_s))

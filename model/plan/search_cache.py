@@ -38,17 +38,22 @@ class CacheSetup:
 
 
 def replica_capacities(arch, hw, plan, kv_dtype, tiers=DEFAULT_TIERS,
-                       context_tokens: float = REF_CONTEXT_TOKENS) -> dict[str, float]:
+                       context_tokens: float = REF_CONTEXT_TOKENS,
+                       cpu_offload_gib: float = 0.0) -> dict[str, float]:
     """Tokens of context one replica keeps per tier (model.perf.tiers, fastest first), with
-    sequences of `context_tokens` (windows and fixed state amortized over it)."""
-    caps = _capacities(Keyed.arch(arch), hw, plan, kv_dtype, round(float(context_tokens)))
+    sequences of `context_tokens` (windows and fixed state amortized over it) and
+    `cpu_offload_gib` of weights per GPU in host memory."""
+    caps = _capacities(Keyed.arch(arch), hw, plan, kv_dtype, round(float(context_tokens)),
+                       float(cpu_offload_gib))
     return {t: caps[t] for t in tiers}
 
 
 @functools.lru_cache(maxsize=1024)
-def _capacities(arch: Keyed, hw, plan, kv_dtype, context_tokens: int) -> dict[str, float]:
+def _capacities(arch: Keyed, hw, plan, kv_dtype, context_tokens: int,
+                cpu_offload_gib: float) -> dict[str, float]:
     return {t: float(v) for t, v in tier_capacity_tokens(
-        arch.value, hw, plan, kv_dtype, context_tokens=float(context_tokens)).items()}
+        arch.value, hw, plan, kv_dtype, context_tokens=float(context_tokens),
+        cpu_offload_gib=cpu_offload_gib).items()}
 
 
 def reload_s_per_token(arch, hw, plan, kv_dtype, tier: str = "host") -> float:

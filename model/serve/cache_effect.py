@@ -68,7 +68,8 @@ def from_cache_result(result, kv_bytes_per_token_per_gpu: float, links: dict,
 
 def deployment_cache(step_model, workload, sessions: float, policy: str = "lru",
                      tiers=("hbm", "host"), prefetch: bool = False) -> CacheEffect | None:
-    """The cache of the replica `step_model` describes (its arch, hw, plan, kv dtype), for
+    """The cache of the replica `step_model` describes (its arch, hw, plan, kv dtype and the
+    weights it keeps in host memory, whose HBM the pool takes), for
     `sessions` live sessions per replica; None when the step model has no deployment behind it
     (a reference model) or the workload is not a session profile."""
     arch, hw, plan = (getattr(step_model, a, None) for a in ("arch", "hw", "plan"))
@@ -83,6 +84,7 @@ def deployment_cache(step_model, workload, sessions: float, policy: str = "lru",
 
     kv_dtype = getattr(step_model, "kv_dtype", None)
     result = deployment_hit_rate(workload, arch, hw, plan, concurrency=float(sessions),
-                                 policy=policy, tiers=tuple(tiers), kv_dtype=kv_dtype)
+                                 policy=policy, tiers=tuple(tiers), kv_dtype=kv_dtype,
+                                 cpu_offload_gib=float(getattr(step_model, "cpu_offload_gib", 0.0)))
     return from_cache_result(result, kv_bytes_per_token_per_gpu(arch, plan, kv_dtype),
                              tiers_for(hw), prefetch)

@@ -430,13 +430,15 @@ def _sample(workload: WorkloadKey, seed: int, turn_time_s: float) -> SessionSamp
 def deployment_hit_rate(workload_or_trace, arch, hw, plan, concurrency: float | None = None,
                         policy: str = "lru", tiers: Sequence[str] = ("hbm", "host"),
                         kv_dtype: str | None = None, replicas: int = 1,
-                        routing: str = "sticky", seed: int = 0) -> CacheResult:
+                        routing: str = "sticky", seed: int = 0,
+                        cpu_offload_gib: float = 0.0) -> CacheResult:
     """Hit rate of one replica of `arch` on `hw` under `plan`: the HBM pool left by
-    model.perf.memory.hbm_budget plus the named lower tiers (model.perf.tiers), in tokens of context,
-    fed to `hit_rate`. `tiers` from ("hbm", "host", "nvme"); "remote" becomes a shared pool."""
+    model.perf.memory.hbm_budget (with `cpu_offload_gib` of weights per GPU in host memory) plus
+    the named lower tiers (model.perf.tiers), in tokens of context, fed to `hit_rate`. `tiers`
+    from ("hbm", "host", "nvme"); "remote" becomes a shared pool."""
     from model.perf.tiers import tier_capacity_tokens
 
-    caps = tier_capacity_tokens(arch, hw, plan, kv_dtype)
+    caps = tier_capacity_tokens(arch, hw, plan, kv_dtype, cpu_offload_gib=cpu_offload_gib)
     unknown = [t for t in tiers if t not in caps]
     if unknown or "hbm" not in tiers:
         raise ServecastError(f"tiers {list(tiers)}: must include 'hbm'; allowed: {', '.join(caps)}")

@@ -70,6 +70,9 @@ def register(app: typer.Typer) -> None:
                                        help="owned | rental_low | rental_high | owned_model"),
         pareto: bool = typer.Option(False, "--pareto", help="Include the full tier's Pareto "
                                     f"front ({PARETO_POINTS} more points along the screening's)."),
+        cpu_offload_gb: float = typer.Option(
+            0.0, "--cpu-offload-gb", min=0.0, help="Weights per GPU every engine keeps in host "
+            "memory, in GiB as vLLM's flag counts them; read over the host link each step."),
         allow_beyond_window: bool = typer.Option(
             False, "--allow-beyond-window", help="Serve workload requests past the model's "
             "context window (extrapolated, stated in the assumptions)."),
@@ -88,7 +91,8 @@ def _plan_answer(arch: str, hardware: str, gpus: int | None, workload: str,
                  max_num_batched_tokens: int, concurrency: str | None, deployment: str | None,
                  mode: str | None, prefill_hardware: str | None, precision: str | None,
                  kv_dtype: str | None, cache_policy: str, cache_tiers: str, api_model: str,
-                 cost_basis: str, pareto: bool, allow_beyond_window: bool) -> dict:
+                 cost_basis: str, pareto: bool, cpu_offload_gb: float,
+                 allow_beyond_window: bool) -> dict:
     """The plan's answer (its contract, and the Pareto front with `pareto`) for the command's
     options."""
     from model.plan.planner import plan
@@ -116,7 +120,7 @@ def _plan_answer(arch: str, hardware: str, gpus: int | None, workload: str,
                   deployment=deployment, prefill_schedule_interval=prefill_schedule_interval,
                   max_num_batched_tokens=max_num_batched_tokens,
                   pareto_points=PARETO_POINTS if pareto else 0,
-                  allow_beyond_window=allow_beyond_window)
+                  allow_beyond_window=allow_beyond_window, cpu_offload_gib=float(cpu_offload_gb))
     out = result.contract()
     if pareto:
         out["pareto"] = result.pareto.to_dict(orient="records")
