@@ -47,3 +47,19 @@ def test_the_simulator_set_scores_every_run_of_the_export():
             sims.loc[int(r["id"]), "skip_reason"], str)
         assert (r["skip_reason"] is None) == simulated
         assert all((v is not None) == simulated for v in r["predicted"].values())
+
+
+def test_the_runs_are_sliced_by_the_front_end_their_recipe_runs():
+    # inferencex_agentx_deployments.yaml records each group's front end: MiniMax M3 on 8 H100
+    # (run 440735) behind vLLM's Python server, DeepSeek V4 on 4 B300 (run 439521) with
+    # VLLM_USE_RUST_FRONTEND=1, MiniMax M3 on 4 GB200 (run 441501) behind Dynamo; unmapped runs
+    # have none
+    from model.validate.scoreboard import score_set
+
+    runs = {r["id"]: r for r in simulated_runs()}
+    assert [runs[i]["slice"]["frontend"] for i in ("440735", "439521", "441501")] == [
+        "python", "rust", "dynamo"]
+    unmapped = [r for r in runs.values() if r["skip_reason"] == agentx.UNMAPPED]
+    assert len(unmapped) == 4 and all(r["slice"]["frontend"] is None for r in unmapped)
+    assert set(score_set("inferencex-agentx-simulator")["slices"]["frontend"]) == {
+        "dynamo", "python", "rust"}

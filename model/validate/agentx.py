@@ -196,6 +196,16 @@ def _predict_selected(group_and_runs: tuple[dict, pd.DataFrame]) -> list[dict]:
     return predict_group(*group_and_runs)
 
 
+def frontends(runs: pd.DataFrame | None = None, groups: list[dict] | None = None
+              ) -> dict[int, str]:
+    """Each mapped run's front end as its group records it (python, rust, dynamo): a scoreboard
+    slice, since the API server before the engine renders and tokenizes every prompt."""
+    runs = load_runs() if runs is None else runs
+    return {int(i): str(g.get("frontend") or "")
+            for g in (load_groups() if groups is None else groups)
+            for i in _group_runs(runs, g).id}
+
+
 def agentx_runs(runs: pd.DataFrame | None = None, groups: list[dict] | None = None
                 ) -> list[dict]:
     """The runs as scoreboard runs (model.validate.scoreboard): each run a group maps, predicted
@@ -205,12 +215,12 @@ def agentx_runs(runs: pd.DataFrame | None = None, groups: list[dict] | None = No
     out = [run_record(r.id, {METRICS[m]: getattr(r, f"{m}_measured") for m in METRICS},
                       {METRICS[m]: getattr(r, f"{m}_model") for m in METRICS}, r.skip_reason,
                       run_slice(CHIPS[r.hardware], ARCHES[r.model], r.framework, r.mode,
-                                concurrency_band(r.concurrency)))
+                                concurrency_band(r.concurrency), {"frontend": r.frontend or None}))
            for r in table.itertuples()]
     return out + [run_record(r.id, {METRICS[m]: getattr(r, m) for m in METRICS}, None, UNMAPPED,
                              run_slice(r.hardware, ARCHES.get(r.model, r.model), r.framework,
                                        "disaggregated" if r.disagg else "aggregated",
-                                       concurrency_band(r.conc)))
+                                       concurrency_band(r.conc), {"frontend": None}))
                   for r in unmapped.itertuples()]
 
 

@@ -109,6 +109,7 @@ def simulated_runs() -> list[dict]:
     measured file; runs without a simulation carry the reason."""
     runs = agentx.load_runs()
     sims = load_simulated().set_index("id")
+    fronts = agentx.frontends(runs)
     out = []
     for r in runs.itertuples():
         measured = {agentx.METRICS[m]: getattr(r, m) for m in agentx.METRICS}
@@ -121,7 +122,7 @@ def simulated_runs() -> list[dict]:
         out.append(run_record(r.id, measured, predicted, reason, run_slice(
             agentx.CHIPS.get(r.hardware, r.hardware), agentx.ARCHES.get(r.model, r.model),
             r.framework, "disaggregated" if r.disagg else "aggregated",
-            concurrency_band(r.conc))))
+            concurrency_band(r.conc), {"frontend": fronts.get(int(r.id)) or None})))
     return out
 
 
