@@ -187,9 +187,12 @@ def test_agentx_runs_score_one_mapped_run():
     assert mapped["measured"]["tpgs"] == pytest.approx(69_902, rel=1e-4)
     assert mapped["measured"]["p90_interactivity_tok_s"] == pytest.approx(74.24, abs=0.01)
     assert mapped["predicted"]["tpgs"] > 0
+    # the group's recipe serves it behind vLLM's Python API server (inferencex_agentx_deployments)
     assert mapped["slice"] == {"chip": "b300", "vendor": "NVIDIA", "model": "minimax-m3",
-                               "backend": "vllm", "mode": "aggregated", "load_band": "5-24"}
+                               "backend": "vllm", "mode": "aggregated", "load_band": "5-24",
+                               "frontend": "python"}
     assert unmapped["skip_reason"] == UNMAPPED and unmapped["predicted"]["tpgs"] is None
+    assert unmapped["slice"]["frontend"] is None
     # 439873: DeepSeek V4 Pro, 4 prefill + 8 decode GB300, 83,332 tok/s/GPU (README); its
     # group is not passed, so it is listed without a prediction
     assert unmapped["measured"]["tpgs"] == pytest.approx(83_332, rel=1e-4)
