@@ -155,3 +155,32 @@ def test_plan_of_a_deployment_with_weights_in_host_memory_is_what_serve_answers(
     assert planned["deployment"]["engine"]["cpu_offload_gib"] == 26.0
     assert planned["launch_commands"]["vllm"][-1].endswith("--cpu-offload-gb 26")
     assert planned["bottleneck"] == "host_link"
+
+
+def test_estimate_takes_the_offload_budget(capsys):
+    # `servecast estimate --cpu-offload-gb 26`: one client decoding one token a step waits, every
+    # step, at least for the offloaded layers' weights that token reads over the host link
+    # (HostWeights.read_s), and the KV pool holds the 26 GiB per GPU those weights leave
+    import json
+
+    from model.frontends.cli import main
+
+    def answer(offload):
+        args = ["estimate", "--arch", "minimax-m3", "--hardware", "h100-sxm", "--tp", "8",
+                "--moe-tp", "8", "--precision", "mxfp8", "--kv-dtype", "fp8", "--isl", "8192",
+                "--osl", "256", "--concurrency", "1", "--cpu-offload-gb", str(offload),
+                "--breakdown", "--json"]
+        assert main(args) == 0
+        return json.loads(capsys.readouterr().out)
+
+    moved, resident = answer(26), answer(0)
+    arch, hw = load_architecture("minimax-m3"), load_hardware("h100-sxm")
+    steps = [build_step_model(arch, hw, TP8, precision="mxfp8", kv_dtype="fp8",
+                              cpu_offload_gib=gib) for gib in (26, 0)]
+    read_s = float(steps[0].host_weights.read_s(steps[0]._groups, TP8, hw, 1.0, True))
+    assert moved["tpot_ms"] - resident["tpot_ms"] >= 1e3 * read_s * (1 - 1e-9)
+    assert moved["bottleneck"] == "host_link" and resident["bottleneck"] != "host_link"
+    pools = [s.kv_pool_bytes_per_gpu for s in steps]
+    assert moved["kv_capacity_tokens"] / resident["kv_capacity_tokens"] == pytest.approx(
+        pools[0] / pools[1], rel=1e-9)
+    assert pools[0] - pools[1] == pytest.approx(26 * GIB)

@@ -319,12 +319,13 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
              moe_precision: str | None = None, arrival: str = "benchmark",
              cross_domain_tp: bool = False, spec_tokens: int = 0,
              spec_acceptance: float = 0.0, protocol: Protocol | None = None,
-             engine: EngineConfig | None = None) -> dict:
+             engine: EngineConfig | None = None, cpu_offload_gib: float = 0.0) -> dict:
     """The `servecast estimate` contract: ttft_ms, tpot_ms, output/total tokens per s per GPU,
     memory_bytes_per_gpu, feasible, reason (+ mode, plans, optional per-op breakdown).
     `protocol`: the benchmark's rounds and length distribution (default: fixed lengths, the
     fitted number of rounds); `engine`: admission settings (`EngineConfig`; its
-    max_num_batched_tokens, when set, replaces the argument)."""
+    max_num_batched_tokens, when set, replaces the argument); `cpu_offload_gib`: weights per GPU
+    every engine keeps in host memory (vLLM --cpu-offload-gb, model.perf.host_weights)."""
     _check_inputs(isl, osl, concurrency, prefix_tokens, arrival, kv_dtype)
     if engine is not None and engine.max_num_batched_tokens:
         max_num_batched_tokens = int(engine.max_num_batched_tokens)
@@ -333,7 +334,7 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
                              f"(got {spec_tokens}, {spec_acceptance})")
     kw = dict(moe_precision=moe_precision, cross_domain_tp=cross_domain_tp,
               spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
-              max_num_batched_tokens=max_num_batched_tokens)
+              max_num_batched_tokens=max_num_batched_tokens, cpu_offload_gib=cpu_offload_gib)
     try:
         if disagg is None:
             sm = build_step_model(arch, hw, plan, precision, kv_dtype, backend, **kw)

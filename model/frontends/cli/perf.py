@@ -89,6 +89,9 @@ def estimate_cmd(
                                     help="MTP / speculative tokens per decode step"),
     spec_acceptance: float = typer.Option(0.0, "--spec-acceptance",
                                           help="acceptance rate per speculative position"),
+    cpu_offload_gb: float = typer.Option(
+        0.0, "--cpu-offload-gb", min=0.0, help="weights per GPU kept in host memory, in GiB as "
+        "vLLM's flag counts them; read over the host link each step"),
     breakdown: bool = typer.Option(False, "--breakdown", help="per-op table and bottleneck"),
     allow_beyond_window: bool = typer.Option(
         False, "--allow-beyond-window", help="extrapolate past the model's context window "
@@ -123,7 +126,8 @@ def estimate_cmd(
                    precision=precision, prefix_tokens=prefix, disagg=disagg, kv_dtype=kv_dtype,
                    backend=backend, breakdown=breakdown,
                    max_num_batched_tokens=max_num_batched_tokens, moe_precision=moe_precision,
-                   arrival=arrival, spec_tokens=spec_tokens, spec_acceptance=spec_acceptance)
+                   arrival=arrival, spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
+                   cpu_offload_gib=float(cpu_offload_gb))
     out.pop("components", None)
     if beyond:
         out["assumptions"] = [beyond]
