@@ -368,7 +368,7 @@ class _MergeLaw:
                                2 * self.BINS)
 
         self.piece = transform(last_tokens) - 1.0
-        self.run_last = transform(last_tokens[runs] if runs.any() else last_tokens)
+        run_last = transform(last_tokens[runs] if runs.any() else last_tokens)
         full_at = np.arange(1, self.BINS // 32) * 32 - 1  # P(tokens >= n chunk) = sf[.]
         # sum_j sf[full_at_j] = J - sum_i pmf[i] #{j: full_at_j >= i}: one inner product with
         # each row's pmf, taken on the transforms (Parseval for the real FFT of length 2 BINS)
@@ -377,7 +377,12 @@ class _MergeLaw:
         fold = np.full(self.BINS + 1, 2.0)
         fold[[0, -1]] = 1.0
         self.slots = float(len(full_at))
-        self.dual = fold * np.conj(np.fft.rfft(below)) / (2 * self.BINS)
+        # `extra` takes each row's inner product with the dual: fold the run's last piece in
+        self.weighted = run_last * fold * np.conj(np.fft.rfft(below)) / (2 * self.BINS)
+        # run lengths are whole chunks: the transform at length f is the one-chunk factor to
+        # the f-th power, a product per length where an exponential per length costs 3x more
+        whole = self.counts.size > 0 and bool(np.all(self.counts == np.round(self.counts)))
+        self.power_rows = self.counts.astype(int) - 1 if whole else None
         # `extra`, remembered per law: the rate solver asks again at the rates it has tried
         self.extra = lru_cache(maxsize=1024)(self._extra)
 
@@ -385,8 +390,13 @@ class _MergeLaw:
         """Full slots per request beyond the per-prompt count when `arrivals_per_chunk` prompts
         reach a rank per slot of a run (a run of f chunks queues Poisson(f that) of them)."""
         # one transform per run length, all lengths at once (rows)
-        rows = self.run_last * np.exp(arrivals_per_chunk * self.counts[:, None] * self.piece)
-        held = (rows @ self.dual).real
+        if self.power_rows is None:
+            rows = np.exp(arrivals_per_chunk * self.counts[:, None] * self.piece)
+        else:
+            one = np.exp(arrivals_per_chunk * self.piece)
+            top = int(self.power_rows[-1]) + 1
+            rows = np.cumprod(np.broadcast_to(one, (top, one.size)), axis=0)[self.power_rows]
+        held = (rows @ self.weighted).real
         return float(np.sum(self.share * (self.slots - held)))
 
 
