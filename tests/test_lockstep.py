@@ -131,6 +131,26 @@ def test_queue_behind_a_run_fills_full_slots():
     assert two.extra(1.0) == pytest.approx(by_hand2 / 4.0, rel=1e-4)
 
 
+def test_queue_behind_runs_of_several_lengths_sums_them():
+    # The law of test_queue_behind_a_run_fills_full_slots with runs of one chunk (a quarter of
+    # the requests) and of three (half of them): each length f queues Poisson(f m) pieces, and
+    # the law takes every length's transform as the one-chunk factor to the f-th power. By
+    # hand at m = 1: (E_1 + 2 E_3) / 4, E_f = sum_N e^-f f^N / N! floor((N + 1) / 2). A run length that
+    # is not a whole number of chunks takes the exponential directly: 1.5 chunks give E_1.5.
+    from math import exp, factorial
+
+    from model.serve.lockstep import _MergeLaw
+
+    def by_hand(f):
+        return sum(exp(-f) * f**n / factorial(n) * ((n + 1) // 2) for n in range(80))
+
+    mixed = _MergeLaw(np.array([1.0, 3.0, 3.0, 0.0]), np.full(4, 4.0), chunk=8.0)
+    assert mixed.extra(1.0) == pytest.approx((by_hand(1.0) + 2 * by_hand(3.0)) / 4.0,
+                                             rel=1e-4)
+    odd = _MergeLaw(np.array([1.5, 0.0, 0.0, 0.0]), np.full(4, 4.0), chunk=8.0)
+    assert odd.extra(1.0) == pytest.approx(by_hand(1.5) / 4.0, rel=1e-4)
+
+
 def test_first_slot_follows_the_chain_time_weighted():
     # The two-rank chain of test_runs_on_two_ranks_cluster_as_the_birth_death_chain_says: pi =
     # (0.886154, 0.073846, 0.040000), chunk 0.5 s, td 20 ms, cadence 1, x = 1. A prompt reaching
