@@ -144,7 +144,10 @@ def _queue_seen(s_g, w_g, lam, edges) -> tuple[np.ndarray, float]:
     # the hundreds (a saturated rank), and e^-mu times it is then NaN
     # k log(mu) with log taken once per (state, group); at mu = 0 only k = 0 has mass, as xlogy
     log_mu = np.log(np.maximum(mu, np.finfo(float).tiny))
-    pois = np.exp(k * log_mu[:, :, None] - mu[:, :, None] - gammaln(k + 1.0))
+    pois = np.multiply(k, log_mu[:, :, None])  # in place from here: one (state, group, k) array
+    pois -= mu[:, :, None]
+    pois -= gammaln(k + 1.0)
+    np.exp(pois, out=pois)
     pk = np.matmul(w_g, pois)  # over the groups: (states, k)
     nxt = q_of[:, None] + k[None, :] - 1
     dest = np.where(nxt < 0, 0, 1 + np.minimum(nxt, top))
