@@ -430,8 +430,8 @@ def test_a_workload_past_the_window_is_refused_or_stated(capsys):
 
 
 def test_a_saturated_closed_loop_keeps_littles_law(capsys):
-    # MiniMax M3 on 8 B300 (TP8) at 256 AgentX sessions, prefixes in HBM only: the LRU prefix
-    # cache thrashes (hit 0.69) and the prefill queue saturates before the response-time law has a
+    # MiniMax M3 on 8 B300 (TP8) at 384 AgentX sessions, prefixes in HBM only: the LRU prefix
+    # cache thrashes (hit 0.60) and the prefill queue saturates before the response-time law has a
     # root. The rate stays at the last served one and the other sessions wait in the queue, so
     # by Little's law over the request chains (a session is lanes_per_session of them,
     # model.serve.request_mix) a chain's cycle N L / X is its gap, the TTFT and the decode:
@@ -444,7 +444,7 @@ def test_a_saturated_closed_loop_keeps_littles_law(capsys):
     mix = request_mix_for(load_workload("agentx-v1"))
     lanes = mix.lanes_per_session
     tp8 = [("8" if SERVE[i - 1] == "--tp" else a) for i, a in enumerate(SERVE[:-1])]
-    assert main(tp8 + ["256", "--cache-tiers", "hbm", "--json"]) == 0
+    assert main(tp8 + ["384", "--cache-tiers", "hbm", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stable"] and out["bounded_by"] == "prefill_saturation"
     cycle_s = out["concurrency"] * lanes / out["requests_per_s"]

@@ -13,6 +13,7 @@ from model.specs.errors import ServecastError, SpecError
 from model.specs.workload import (
     ClosedLoop,
     OpenLoop,
+    UncachedMap,
     list_workloads,
     load_workload,
     trace_arrivals,
@@ -105,14 +106,30 @@ def test_agentx_v1_profile_carries_the_stated_v1_laws():
     isl = w.request_mix(200_000, seed=0).context_tokens
     for q, v in ((50, 88_000), (90, 272_000), (95, 404_000), (99, 675_000)):
         assert np.percentile(isl, q) == pytest.approx(v, rel=0.1)
-    # the map is monotone in the context, so sessions still only grow between resets, and it
-    # scales uncached tokens with the context, so the hit rate stays near the sessions' own
-    assert w.request_mix(200_000, seed=0).hit_rate == pytest.approx(
-        syn.request_mix(200_000, seed=0).hit_rate, abs=0.01)
     # the stored file is what the builder writes from the synthetic fit
     rebuilt = fit_agentx_v1(syn.model_dump(mode="json", exclude_none=True))
     assert rebuilt["output_tokens"]["dist"] == w.output_tokens.dist.model_dump()
     assert rebuilt["think_time_s"]["dist"] == w.think_time_s.dist.model_dump()
+    assert UncachedMap(**rebuilt["uncached_map"]) == w.uncached_map
+    assert rebuilt["hit_rate"] == w.hit_rate
+
+
+def test_agentx_v1_new_prefill_follows_062126():
+    # cc-traces-weka-062126, new prefill tokens per turn (global-order infinite cache, every
+    # request once): p50 1,664, mean 3,792, p99 46,722 (papers/research/workloads.md §1.4(f),
+    # source B). agentx-v1 maps its sessions' own law (042026's growth and resets: p50 781,
+    # p99 103K) onto the lognormal through the three by least squares in log space, which meets
+    # each within 15%.
+    import numpy as np
+
+    mix = load_workload("agentx-v1").request_mix(200_000, seed=0)
+    unc = mix.uncached_tokens
+    assert np.median(unc) == pytest.approx(1_664, rel=0.1)
+    assert np.percentile(unc, 99) == pytest.approx(46_722, rel=0.1)
+    assert unc.mean() == pytest.approx(3_792, rel=0.15)
+    assert np.all(unc <= mix.context_tokens)
+    # the token-weighted infinite-cache hit this gives: 1 - 4.3K / 124K
+    assert mix.hit_rate == pytest.approx(0.966, abs=0.002)
 
 
 def test_request_mix_hit_rate_override_is_exact_in_tokens():

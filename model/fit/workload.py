@@ -205,6 +205,13 @@ V1_ISL_QUANTILES = {0.5: 88e3, 0.9: 272e3, 0.95: 404e3, 0.99: 675e3}
 MAP_PROBABILITIES = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)  # where v1.0 states quantiles
 Z = {0.5: 0.0, 0.9: 1.2816, 0.95: 1.6449, 0.99: 2.3263}  # standard normal quantiles
 OUTPUT_MAX_TOKENS = 32_768  # Claude Code's default output cap (the OSL tail beyond it is cut)
+# New prefill tokens per turn of 062126 (every request once, global-order infinite cache, 64-token
+# blocks): p50 1,664, mean 3,792, p99 46,722, as a public analysis of the full traces.jsonl states
+# them (papers/research/workloads.md §1.4(f), source B, read 2026-12-07)
+V1_NEW_PREFILL = {"p50": 1664.0, "mean": 3792.0, "p99": 46722.0}
+V1_NEW_PREFILL_SOURCE = ("cc-traces-weka-062126 new prefill tokens per turn, p50 1,664 / mean "
+                         "3,792 / p99 46,722 (papers/research/workloads.md §1.4(f), source B)")
+UNCACHED_MAP_PROBABILITIES = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
 
 
 def fit_agentx_v1(synthetic: dict) -> dict:
@@ -219,7 +226,9 @@ def fit_agentx_v1(synthetic: dict) -> dict:
     the growth cannot reach v1.0's quantile shape (best RMS log error 0.24), so every request's
     context is mapped quantile to quantile onto a lognormal through the stated ISL quantiles
     (`context_map`, monotone: each session still grows; uncached tokens scale with it, so the
-    hit rates stay)."""
+    hit rates stay). The sessions' new prefill per turn (042026's growth, resets and first
+    prompts: median ~780, p99 ~103K after the context map) is then mapped quantile to quantile
+    onto 062126's (`uncached_map`, `new_prefill_law`)."""
     mu_gap = float(np.log(V1_GAP_MEDIAN_S))
     sigma_gap = float((np.log(60.0) - mu_gap) / Z[1.0 - V1_GAP_OVER_60S])
     mu_out, sigma_out = _lognormal_through(V1_OSL_QUANTILES)
@@ -235,11 +244,12 @@ def fit_agentx_v1(synthetic: dict) -> dict:
         "name": "agentx-v1",
         "description": "AgentX v1.0 traffic as the vLLM post ran it: agentx-synthetic's sessions "
                        "(contexts, growth, resets, subagent fan-out) with v1.0's stated inter-turn "
-                       "gaps (median 3.84 s) and outputs (median 413, mean ~970 tokens), and "
+                       "gaps (median 3.84 s) and outputs (median 413, mean ~970 tokens), "
                        "request contexts mapped onto v1.0's stated quantiles (p50 88K, p90 "
-                       "272K).",
+                       "272K), and new prefill per turn onto 062126's (p50 1.7K, p99 47K).",
         "source": f"{synthetic['source']}; gaps, outputs and context quantiles: {V1_SOURCE}; "
-                  "built by model.fit.workload.fit_agentx_v1",
+                  "new prefill per turn: cc-traces-weka-062126 (papers/research/workloads.md "
+                  "§1.4(f)); built by model.fit.workload.fit_agentx_v1",
         "date": _dt.date.today().isoformat(),
         "output_tokens": outputs,
         # v1.0's OSL quantiles are over the runs' requests, the subagents' among them
@@ -265,7 +275,43 @@ def fit_agentx_v1(synthetic: dict) -> dict:
                 f"p = {', '.join(f'{p:g}' for p in probs[keep])}, mapped onto a lognormal "
                 f"(mu {mu_in:.3f}, sigma {sigma_in:.3f}) through {V1_SOURCE}: DeepSeek V4 runs ISL "
                 f"{isl}"}
+    profile["uncached_map"] = uncached_map(Workload.model_validate(profile))
+    own = Workload.model_validate(profile).request_mix(200_000, seed=0).hit_rate
+    profile["hit_rate"] = round(float(own), 4)
+    profile["hit_rate_source"] = (
+        "token-weighted infinite-cache hit of this profile's own requests (200K, seed 0), the "
+        "context and new-prefill maps applied; 062126 states 0.9721 against each replay "
+        "stream's previous request (papers/research/workloads.md §1.4(f), source A)")
     return profile
+
+
+def new_prefill_law() -> tuple[float, float]:
+    """(mu, sigma) of the lognormal through 062126's stated new-prefill p50, p99 and mean, least
+    squares in log space (ln p50 = mu, ln p99 = mu + z99 sigma, ln mean = mu + sigma^2 / 2): one
+    lognormal cannot meet all three (p50 and p99 give a mean 23% high), so each misses a little.
+    Below p50 and above p99 the shape is the lognormal's, an assumption."""
+    from scipy.optimize import least_squares
+
+    lp50, lp99, lmean = (np.log(V1_NEW_PREFILL[k]) for k in ("p50", "p99", "mean"))
+    fit = least_squares(lambda x: [x[0] - lp50, x[0] + Z[0.99] * x[1] - lp99,
+                                   x[0] + x[1] ** 2 / 2 - lmean], [lp50, 1.0])
+    return float(fit.x[0]), float(fit.x[1])
+
+
+def uncached_map(profile: Workload) -> dict:
+    """The map of a profile's request-level uncached tokens (200K requests, seed 0) onto
+    062126's new-prefill law (`new_prefill_law`) at UNCACHED_MAP_PROBABILITIES."""
+    probs = np.array(UNCACHED_MAP_PROBABILITIES)
+    source = np.percentile(profile.request_mix(200_000, seed=0).uncached_tokens, 100 * probs)
+    mu, sigma = new_prefill_law()
+    target = np.exp(mu + sigma * norm.ppf(probs))
+    keep = np.concatenate([[True], np.diff(source) > 0])
+    return {"source": [round(float(v)) for v in source[keep]],
+            "target": [round(float(v)) for v in target[keep]],
+            "note": f"request-level uncached-token quantiles of these sessions (after the context "
+                    f"map; 200K requests, seed 0) at p = {', '.join(f'{p:g}' for p in probs[keep])}"
+                    f", mapped onto a lognormal (mu {mu:.3f}, sigma {sigma:.3f}, least squares in "
+                    f"log space through {V1_NEW_PREFILL_SOURCE}); capped at each request's context"}
 
 
 def _lognormal_through(quantiles: dict[float, float]) -> tuple[float, float]:

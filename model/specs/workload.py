@@ -51,19 +51,18 @@ class Subagents(ProfileModel):
     source: str = ""
 
 
-class ContextMap(ProfileModel):
-    """A monotone map of request contexts, quantile to quantile (`source`: the generator's own
-    request-level quantiles, `target`: the published ones at the same probabilities), in log
-    space, flat in ratio beyond the ends. Each request's uncached tokens scale with its context,
-    so per-request hit rates are kept. It brings a generator's context law to a corpus whose
-    requests are described only by quantiles (AgentX v1.0)."""
+class QuantileMap(ProfileModel):
+    """A monotone map of a per-request quantity, quantile to quantile (`source`: the generator's
+    own request-level quantiles, `target`: the published ones at the same probabilities), in
+    log space, flat in ratio beyond the ends. It brings a generator's law to a corpus whose
+    requests are described only by quantiles."""
 
     source: tuple[float, ...]
     target: tuple[float, ...]
     note: str = ""
 
     @model_validator(mode="after")
-    def _check(self) -> ContextMap:
+    def _check(self) -> QuantileMap:
         src, tgt = np.asarray(self.source), np.asarray(self.target)
         if len(src) != len(tgt) or len(src) < 2:
             raise ValueError("source and target must have the same length (at least 2)")
@@ -72,12 +71,28 @@ class ContextMap(ProfileModel):
             raise ValueError("source must increase strictly, target must not decrease, both > 0")
         return self
 
-    def apply(self, ctx: np.ndarray, unc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def ratio(self, values: np.ndarray) -> np.ndarray:
+        """target / source at each value (log-space interpolation, constant beyond the ends)."""
         ls, lt = np.log(self.source), np.log(self.target)
-        lc = np.log(np.maximum(ctx, 1.0))
-        shift = np.interp(lc, ls, lt - ls)  # log ratio, constant beyond the ends
-        ratio = np.exp(shift)
+        return np.exp(np.interp(np.log(np.maximum(values, 1.0)), ls, lt - ls))
+
+
+class ContextMap(QuantileMap):
+    """The map of request contexts (AgentX v1.0's stated ISL quantiles). Each request's uncached
+    tokens scale with its context, so per-request hit rates are kept."""
+
+    def apply(self, ctx: np.ndarray, unc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ratio = self.ratio(ctx)
         return np.maximum(np.round(ctx * ratio), 1.0), np.maximum(np.round(unc * ratio), 1.0)
+
+
+class UncachedMap(QuantileMap):
+    """The map of each request's uncached (new prefill) tokens, applied after the context map,
+    capped at the request's context: a corpus's stated per-turn new-prefill law in place of the
+    generator's (whose growth, resets and first prompts come from another corpus)."""
+
+    def apply(self, unc: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        return np.clip(np.round(unc * self.ratio(unc)), 1.0, ctx)
 
 
 class Arrivals(ProfileModel):
@@ -113,6 +128,7 @@ class Workload(ProfileModel):
     subagent_wall_share: float = Field(default=1.0, ge=0, le=1)
     subagent_wall_share_source: str = ""
     context_map: ContextMap | None = None  # applied to every generated request (sessions kind)
+    uncached_map: UncachedMap | None = None  # then this, to every request's uncached tokens
     # sessions resampled whole from a recorded trace (AgentX derived requests CSV, repository
     # path) instead of generated from the distributions above
     bootstrap: str | None = None
@@ -307,6 +323,10 @@ def _draw_sessions(w: Workload, n: int, seed: int) -> list[SessionSpec]:
             spec = SessionSpec(ctx, np.minimum(unc, ctx),
                                *(getattr(spec, f) for f in ("output_tokens", "gap_s",
                                                             "subagent", "run")))
+        if w.uncached_map is not None:
+            spec = dataclasses.replace(
+                spec, uncached_tokens=w.uncached_map.apply(spec.uncached_tokens,
+                                                           spec.context_tokens))
         out.append(spec)
     return out
 
