@@ -16,7 +16,7 @@ What the model says about each row (within 25% is the bound asked of it):
 - Kimi K3 on 16 GB300, 11.8K at 48 sessions: +27%, disaggregated (a TP8 prefill worker with
   DCP2 and a TEP8 DCP8 decode worker) at 75 sessions, where the SLO binds. The measured runs of
   the post's own deployment serve 11.8K, 11.6K and 11.7K at 48, 52 and 56 sessions, flat, while
-  the model's keeps rising past 48 (-9%, -2%, +3%): the free search's excess is that miss. The
+  the model's keeps rising past 48 (-10%, -3%, +2%): the free search's excess is that miss. The
   best aggregated deployment uses DCP, as the post says, below the post's TPGS.
 """
 
