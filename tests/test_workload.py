@@ -177,6 +177,19 @@ def test_bad_profile_names_file_and_key(tmp_path):
         load_workload("no-such-profile")
 
 
+def test_uncached_map_interpolates_in_log_space_and_caps_at_the_context():
+    # source quantiles (100, 1,000) onto (200, 1,500): the anchors map exactly; between them the
+    # log ratio is interpolated in log space (at 316.2 = sqrt(100 x 1,000), halfway: ratio
+    # sqrt(2 x 1.5) = 1.732, so 547.7); beyond the ends the ratio is held (10 -> 20 at x2,
+    # 5,000 -> 7,500 at x1.5, here capped at its 6,000-token context)
+    m = UncachedMap(source=(100, 1000), target=(200, 1500))
+    unc = np.array([10.0, 100.0, 316.2278, 1000.0, 5000.0])
+    ctx = np.full(5, 6000.0)
+    assert m.apply(unc, ctx).tolist() == [20.0, 200.0, 548.0, 1500.0, 6000.0]
+    with pytest.raises(ValueError, match="source must increase strictly"):
+        UncachedMap(source=(1000, 100), target=(200, 1500))
+
+
 def test_sessions_profile_requires_its_distributions():
     with pytest.raises(SpecError, match="turns_per_session"):
         workload_from_dict({"name": "t", "description": "d", "source": "s", "date": "2026",
