@@ -22,6 +22,7 @@ import numpy as np
 
 from model.serve.policy import EnginePolicy
 from model.serve.request_mix import request_mix_for
+from model.serve.sim_lanes import Lane, chains_for
 from model.specs.errors import ServecastError
 from model.specs.workload import ClosedLoop, Load, OpenLoop, TraceArrivals, Workload
 
@@ -127,7 +128,7 @@ class _Requests:
 def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: Load, *,
              duration_s: float = 600.0, warmup_s: float | None = None, seed: int = 0,
              hit_rate: float | None = None, dp_ranks: int = 1, max_steps: int = 2_000_000,
-             sessions: bool = True) -> SimResult:
+             sessions: bool = True, forked_runs: bool = True) -> SimResult:
     """Run the policy on `load` for `duration_s` of simulated time; statistics cover requests
     that arrive between `warmup_s` (default 20% of the duration) and `duration_s`. The run goes
     on past `duration_s`, the load with it, until those requests finish (for at most a quarter
@@ -142,7 +143,9 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     workload's request mix. Trace arrivals: replayed as recorded. Requests of lane/arrival i go to
     DP rank i mod dp_ranks (sticky by session). `sessions=False` makes each lane draw its next
     request independently from the request mix (the closed form's assumption), to separate the
-    queueing approximation from the session correlation.
+    queueing approximation from the session correlation. Subagent runs fork into concurrent
+    chains joined at the parent's next turn (model.serve.sim_lanes); `forked_runs=False` plays
+    them instead as the closed form counts them, extra independent lanes with weighted gaps.
     """
     if duration_s <= 0:
         raise ServecastError(f"simulate: duration_s: must be > 0, got {duration_s}")
@@ -153,7 +156,7 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     if isinstance(load, ClosedLoop):
         if workload is None:
             raise ServecastError("simulate: a closed loop needs a workload")
-        pool = (_SessionPool(workload, seed, hit_rate) if sessions
+        pool = (_SessionPool(workload, seed, hit_rate, forked_runs) if sessions
                 else _MixPool(workload, seed, hit_rate))
         sim.start_lanes(pool, rng)
     elif isinstance(load, OpenLoop):
@@ -172,15 +175,6 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     return sim.result(warmup_s)
 
 
-@dataclass
-class _Lane:
-    """A closed-loop lane: the session it plays (context, uncached, output, gap arrays) and the
-    turn it is on."""
-
-    session: tuple
-    turn: int
-
-
 class _Simulation:
     """The running simulation: clock, step counter, requests, ranks, pending arrivals (a heap
     of (time, sequence, request)), closed-loop lanes and the per-step record."""
@@ -197,7 +191,8 @@ class _Simulation:
         self.ranks = [_Rank() for _ in range(dp)]
         self.events: list[tuple[float, int, int]] = []
         self.seq = 0
-        self.lanes: list[_Lane] = []
+        self.lanes: list[Lane] = []
+        self.chain_of: dict[int, int | None] = {}  # request -> its lane's fork chain
         self.pool = None
         self.clock_s, self.counter = 0.0, 0
         # per recorded step: end time, duration, steps it stands for, decodes, prefill tokens
@@ -213,6 +208,12 @@ class _Simulation:
         i = self.reqs.add(t, context_tokens, uncached_tokens, output_tokens, lane)
         self._push(t + float(self.policy.frontend_s(context_tokens)), i)
 
+    def _send_turn(self, t: float, lane: int, k: int, chain: int | None) -> None:
+        """Lane `lane` sends request `k` of its session at `t`, a request of fork chain `chain`."""
+        ctx, unc, out = self.lanes[lane].session[:3]
+        self.chain_of[self.reqs.n] = chain
+        self._send(t, ctx[k], unc[k], out[k], lane)
+
     def start_lanes(self, pool, rng) -> None:
         """One lane per session slot, each at a random turn of its first session, its first
         arrival staggered over one second."""
@@ -222,9 +223,10 @@ class _Simulation:
         for lane in range(lanes):
             sess = firsts[lane]
             start = int(rng.integers(0, len(sess[0])))  # warm start at a random turn
-            self.lanes.append(_Lane(sess, start))
+            self.lanes.append(Lane(sess, start, pool.chains))
             t0 = float(rng.uniform(0, 1.0))
-            self._send(t0, sess[0][start], sess[1][start], sess[2][start], lane)
+            for k, chain, _ in self.lanes[lane].begin(start):
+                self._send_turn(t0, lane, k, chain)
 
     def start_open(self, mix, rng) -> None:
         """Gamma inter-arrivals at the load's rate and CV, requests cycling through `mix`."""
@@ -381,19 +383,17 @@ class _Simulation:
                     self._next_turn(i)
 
     def _next_turn(self, i: int) -> None:
-        """The finished request's lane sends its next turn after the (capped) gap; a new
-        session's first turn is cold, later turns miss only their new tokens."""
-        reqs = self.reqs
-        lane = int(reqs.lane[i])
+        """The finished request's lane sends what follows it (model.serve.sim_lanes) after the
+        capped gap; a new session's first turn is cold, later turns miss only their new tokens."""
+        lane = int(self.reqs.lane[i])
         st = self.lanes[lane]
-        st.turn += 1
-        if st.turn >= len(st.session[0]):
-            st.session, st.turn = self.pool.next(), 0
-        ctx, unc, out, gap, clock_share = st.session
-        k = st.turn
-        arrive = self.clock_s + (min(float(gap[k]), self.load.gap_cap_s) * clock_share[k]
-                                 if k > 0 else 0.0)
-        self._send(arrive, ctx[k], unc[k], out[k], lane)
+        todo = st.finished(self.chain_of.pop(i, None))
+        if todo is None:
+            st.session = self.pool.next()
+            todo = st.begin(0)
+        for k, chain, gap_of in todo:
+            self._send_turn(self.clock_s + st.delay_s(gap_of, self.load.gap_cap_s), lane, k,
+                            chain)
 
     def result(self, warmup_s: float) -> SimResult:
         reqs, duration_s = self.reqs, self.duration_s
@@ -451,14 +451,19 @@ def _rank_times(step_model, reqs: _Requests, plans, dp: int, context_offset_toke
 
 class _SessionPool:
     """Synthetic sessions handed to lanes in order (AgentX lanes recycle traces FIFO). Where
-    subagents run beside their parent, a session is `lanes_per_session` request chains (as in
-    model.serve.request_mix.request_sample): the loop runs that many lanes, each gap weighted
-    by its request's wall weight over the mean."""
+    subagents run beside their parent, each subagent run forks into `chains` concurrent chains
+    (model.serve.sim_lanes); where the wall share rounds to one chain, a session is instead
+    `lanes_per_session` request chains (as in model.serve.request_mix.request_sample), each gap
+    weighted by its request's wall weight over the mean."""
 
-    def __init__(self, workload: Workload, seed: int, hit_rate: float | None) -> None:
+    def __init__(self, workload: Workload, seed: int, hit_rate: float | None,
+                 forked_runs: bool = True) -> None:
         self.workload, self.seed, self.k = workload, seed, 0
         self.buf: list = []
-        self.lanes_per_session = request_mix_for(workload, seed=seed).lanes_per_session
+        self.wall_share = float(getattr(workload, "subagent_wall_share", 1.0))
+        self.chains = chains_for(self.wall_share) if forked_runs else 1
+        self.lanes_per_session = (1.0 if self.chains > 1 else
+                                  request_mix_for(workload, seed=seed).lanes_per_session)
         self.scale = None
         if hit_rate is not None:
             own = workload.request_mix(20_000, seed).hit_rate
@@ -474,15 +479,19 @@ class _SessionPool:
             cached = s.context_tokens - s.uncached_tokens
             unc = np.maximum(np.round(s.context_tokens - np.minimum(cached * self.scale,
                                                                     s.context_tokens)), 1.0)
-        weight = np.where(s.subagent, getattr(self.workload, "subagent_wall_share", 1.0), 1.0)
+        if self.chains > 1:  # forked runs: every gap is the session's own
+            return (s.context_tokens, unc, s.output_tokens, s.gap_s, np.ones(len(unc)), s.run)
+        weight = np.where(s.subagent, self.wall_share, 1.0)
         return (s.context_tokens, unc, s.output_tokens, s.gap_s,
-                weight * self.lanes_per_session)
+                weight * self.lanes_per_session, None)
 
 
 class _MixPool:
     """Independent requests from the workload's request mix, served to lanes in chunks."""
 
     CHUNK = 1000
+
+    chains = 1  # independent requests: nothing forks
 
     def __init__(self, workload: Workload, seed: int, hit_rate: float | None) -> None:
         # drawn as the closed form draws its sample (model.serve.request_mix: every 16th request
@@ -503,7 +512,7 @@ class _MixPool:
         n = len(self.arrays[0])
         idx = (self.pos + np.arange(self.CHUNK)) % n
         self.pos = (self.pos + self.CHUNK) % n
-        return tuple(a[idx] for a in self.arrays)
+        return (*(a[idx] for a in self.arrays), None)
 
 
 def _first_sessions(pool, n: int, rng) -> list:
