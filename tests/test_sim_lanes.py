@@ -1,13 +1,16 @@
-"""Fork/join lanes of the simulator (model.serve.sim_lanes): a subagent run's requests dealt to
-concurrent chains, the parent's next turn after the last of them (AIPerf's AgentX replay plays a
+"""Subagent runs as concurrent chains: the simulator's fork/join lanes (model.serve.sim_lanes),
+a run's requests dealt to chains, the parent's next turn after the last of them, and what the
+closed form adds for a subagent request's siblings (model.serve.siblings) (AIPerf's AgentX replay plays a
 subagent's agent chains as concurrent streams joined at the parent's next turn;
 papers/research/workloads.md §1.4 f, §1.5)."""
 
 import numpy as np
 import pytest
+from scipy.stats import binom
 
 from model.serve.policy import EnginePolicy
-from model.serve.sim_lanes import Lane, chains_for
+from model.serve.siblings import Siblings, subagent_chains, with_sibling_decodes
+from model.serve.sim_lanes import Lane
 from model.serve.simulate import simulate
 from model.specs.workload import ClosedLoop, load_workload
 from model.validate.agreement import SM_FIXED
@@ -19,7 +22,7 @@ SESSION = (np.ones(8), np.ones(8), np.ones(8), np.arange(1.0, 9.0), np.ones(8), 
 
 def test_chains_are_the_inverse_wall_share_rounded():
     # agentx-v1's subagent wall share 0.3336 (042026) -> 3 chains; a share of 1 plays in order
-    assert [chains_for(w) for w in (0.3336, 0.45, 0.8, 1.0)] == [3, 2, 1, 1]
+    assert [subagent_chains(w) for w in (0.3336, 0.45, 0.8, 1.0)] == [3, 2, 1, 1]
 
 
 def test_a_run_forks_into_dealt_chains_and_joins_at_the_parent():
@@ -65,3 +68,14 @@ def test_forked_runs_put_siblings_in_flight_together():
     fork = simulate(SM_FIXED, w, pol, ClosedLoop(1), **kw)
     assert one.step_decodes.max() == 1
     assert fork.step_decodes.max() == 3
+
+
+def test_sibling_decodes_shift_the_window_law_binomially():
+    # a window of 2 steps that sees no prefill (Y = 0 surely), two siblings each decoding half
+    # the time (S ~ Binomial(2, 1/2): 1/4, 1/2, 1/4), each adding 0.5 s to every step: Y is
+    # 0, 1 or 2 s with those probabilities (values by hand)
+    sib = Siblings(0.0, binom.pmf(np.arange(3), 2, 0.5), 0.5)
+    y, pmf = with_sibling_decodes(np.arange(4.0), np.array([1.0, 0.0, 0.0, 0.0]), 2.0, sib)
+    law = dict(zip(np.round(y, 9), pmf, strict=True))
+    assert [law[0.0], law[1.0], law[2.0]] == pytest.approx([0.25, 0.5, 0.25])
+    assert pmf.sum() == pytest.approx(1.0)

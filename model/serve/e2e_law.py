@@ -30,15 +30,20 @@ def e2e_interactivity(eng: RankEngine, ttft: TtftLaw, tpot: TpotLaw) -> np.ndarr
         return np.full(len(QUANTILES), np.nan)
     q, td_seen = eng.tokens_per_step, tpot.decode_step_seen_s
     idx = np.flatnonzero(eng.decode_steps >= 1)
-    which = window_bin_index(eng.decode_steps[idx], eng.decode_steps[idx].max() + 1)
-    bins = np.unique(which)
+    top = eng.decode_steps[idx].max() + 1
+    which = window_bin_index(eng.decode_steps[idx], top)
+    bins, counts = np.unique(which, return_counts=True)
     # adjacent window bins share a TTFT law, E2E_TTFT_GROUPS groups of about equal requests
-    share = np.cumsum([d.weight for d in tpot.bins]) / sum(d.weight for d in tpot.bins)
+    # (a TPOT bin, of either request class, takes its window's group)
+    share = np.cumsum(counts) / counts.sum()
     group = np.minimum((share - 1e-9) * E2E_TTFT_GROUPS, E2E_TTFT_GROUPS - 1).astype(int)
+    group_of = dict(zip(bins.tolist(), group.tolist(), strict=True))
     laws = {}
     parts = []
     slices = _sojourn_slices(tpot)
-    for g, d in zip(group, tpot.bins, strict=True):
+    for d in tpot.bins:
+        b = int(window_bin_index(np.array([d.window_steps]), top)[0])
+        g = group_of.get(b, group_of[int(bins[np.argmin(np.abs(bins - b))])])
         if g not in laws:
             laws[g] = _trimmed(ttft.distribution(idx[np.isin(which, bins[group == g])]))
         t_val, t_p, t_hi = laws[g]
@@ -52,7 +57,7 @@ def e2e_interactivity(eng: RankEngine, ttft: TtftLaw, tpot: TpotLaw) -> np.ndarr
             mass = float(t_p[inside].sum())
             if mass > 0:
                 parts.append((*_e2e_ratio(t_val[inside], t_p[inside] / mass, t_hi,
-                                          *tpot.under(win, queued), win, td_seen, q),
+                                          *tpot.under(d, queued), win, td_seen, q),
                               d.weight * mass))
     total = sum(w for _, _, w in parts)
     lo = max(min(float(g[0]) for g, _, _ in parts), 1e-9)

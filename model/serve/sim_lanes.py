@@ -9,8 +9,9 @@ joined at the parent's next turn: papers/research/workloads.md §1.4 f, §1.5).
 
 `chains` is the parallelism that makes a run's span its share of the session's clock: a run of
 m requests on c chains spans about m / c request cycles, so c = 1 / subagent_wall_share, the
-workload's measured wall share (model.fit.workload.subagent_wall_share), rounded. With a wall
-share of 1 every run is one chain played in order.
+workload's measured wall share (model.fit.workload.subagent_wall_share), rounded
+(model.serve.siblings.subagent_chains). With a wall share of 1 every run is one chain played in
+order.
 """
 
 from __future__ import annotations
@@ -18,11 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-
-def chains_for(wall_share: float) -> int:
-    """Concurrent chains a subagent run plays on: 1 / wall share, rounded, at least 1."""
-    return max(1, int(round(1.0 / wall_share))) if wall_share > 0 else 1
 
 
 @dataclass

@@ -22,7 +22,8 @@ import numpy as np
 
 from model.serve.policy import EnginePolicy
 from model.serve.request_mix import request_mix_for
-from model.serve.sim_lanes import Lane, chains_for
+from model.serve.siblings import subagent_chains
+from model.serve.sim_lanes import Lane
 from model.specs.errors import ServecastError
 from model.specs.workload import ClosedLoop, Load, OpenLoop, TraceArrivals, Workload
 
@@ -461,7 +462,7 @@ class _SessionPool:
         self.workload, self.seed, self.k = workload, seed, 0
         self.buf: list = []
         self.wall_share = float(getattr(workload, "subagent_wall_share", 1.0))
-        self.chains = chains_for(self.wall_share) if forked_runs else 1
+        self.chains = subagent_chains(self.wall_share) if forked_runs else 1
         self.lanes_per_session = (1.0 if self.chains > 1 else
                                   request_mix_for(workload, seed=seed).lanes_per_session)
         self.scale = None

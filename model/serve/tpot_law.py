@@ -22,7 +22,7 @@ compound_shot_pmf, exact by FFT), seen through the window. On top:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,6 +39,12 @@ from model.serve.queueing import (
 )
 from model.serve.rank_engine import RankEngine, window_bin_index
 from model.serve.rate_solver import SolvedRate
+from model.serve.siblings import (
+    Siblings,
+    sibling_load,
+    subagent_requests,
+    with_sibling_decodes,
+)
 from model.serve.threshold_prefill import run_excitation
 from model.serve.ttft_law import QUANTILES
 
@@ -72,12 +78,15 @@ class WindowShots:
 
 @dataclass(frozen=True)
 class WindowLaw:
-    """One window bin: its window (decode steps), weight (requests), and the law of Y on y."""
+    """One window bin: its window (decode steps), weight (requests), the law of Y on y, its
+    window-averaged decode batch's variance and, for subagent requests, their siblings."""
 
     window_steps: float
     weight: float
     y_s: np.ndarray
     pmf: np.ndarray
+    batch_var: float = 0.0
+    siblings: Siblings | None = None
 
 
 @dataclass(frozen=True)
@@ -90,12 +99,11 @@ class TpotLaw:
     bins: tuple[WindowLaw, ...]
     decode_step_seen_s: float
     shots: WindowShots | None
-    batch_var: dict | None  # per window: the window-averaged decode batch's variance
     backlog: tuple | None
 
-    def under(self, window_steps: float, queued) -> tuple[np.ndarray, np.ndarray]:
-        """(y, pmf) of a window bin's Y under the backlog slice `queued`."""
-        return window_law(self.shots, window_steps, self.batch_var[window_steps], queued)
+    def under(self, d: WindowLaw, queued) -> tuple[np.ndarray, np.ndarray]:
+        """(y, pmf) of window bin `d`'s Y under the backlog slice `queued`."""
+        return window_law(self.shots, d.window_steps, d.batch_var, queued, d.siblings)
 
 
 def tpot_law(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
@@ -104,24 +112,33 @@ def tpot_law(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
     FCFS backlog read off the TTFT law `ttft_dist` (grid, pmf), TPOT measured from the decode
     step a decoding request sees."""
     x, n_rank = rate_per_rank_rps, sessions_per_rank
-    w = eng.decode_steps[eng.decode_steps >= 1]
+    decoding = eng.decode_steps >= 1
+    w = eng.decode_steps[decoding]
     if len(w) == 0:
-        return TpotLaw((), decode_step_seen_s, None, None, None)
-    reps, weights = _window_bins(w)
+        return TpotLaw((), decode_step_seen_s, None, None)
     shots = _window_shots(eng, st, x, n_rank)
-    # decode-batch fluctuation: M/G/inf shot noise of decode runs, thinned by the finite
-    # session population of a closed loop (binomial instead of Poisson occupancy)
-    runs = w[np.linspace(0, len(w) - 1, min(len(w), 2000)).astype(int)]
-    var_b = shot_noise_var(x * st.mean_step_s, np.ones(len(runs)), runs, reps) / reps**2
-    if n_rank:
-        var_b = var_b * max(1.0 - st.balance.decode_batch / n_rank, 0.0)
     backlog = None
     if st.fcfs is not None:
         backlog = _fcfs_backlog(st, x, ttft_dist, n_rank)
-    bins = tuple(WindowLaw(win, weight, *window_law(shots, win, vb, backlog))
-                 for win, weight, vb in zip(reps, weights, var_b, strict=True))
-    return TpotLaw(bins, decode_step_seen_s, shots, dict(zip(reps, var_b, strict=True)),
-                   backlog)
+    # decode-batch fluctuation: M/G/inf shot noise of decode runs, thinned by the finite
+    # session population of a closed loop (binomial instead of Poisson occupancy)
+    runs = w[np.linspace(0, len(w) - 1, min(len(w), 2000)).astype(int)]
+    thin = max(1.0 - st.balance.decode_batch / n_rank, 0.0) if n_rank else 1.0
+    # subagent requests see their sibling chains beside them (model.serve.siblings)
+    sib = sibling_load(eng, st, ttft_dist, decode_step_seen_s, n_rank)
+    sub = subagent_requests(eng)
+    classes = [(w, None)] if sib is None else [(w[~sub[decoding]], None),
+                                               (w[sub[decoding]], sib)]
+    bins = []
+    for cw, cs in classes:
+        if len(cw) == 0:
+            continue
+        reps, weights = _window_bins(cw)
+        var_b = thin * shot_noise_var(x * st.mean_step_s, np.ones(len(runs)), runs,
+                                      reps) / reps**2
+        bins += [WindowLaw(win, weight, *window_law(shots, win, vb, backlog, cs), vb, cs)
+                 for win, weight, vb in zip(reps, weights, var_b, strict=True)]
+    return TpotLaw(tuple(bins), decode_step_seen_s, shots, backlog)
 
 
 def _window_shots(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
@@ -221,11 +238,16 @@ def _start_bias(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
     return bias
 
 
-def window_law(shots: WindowShots, window_steps: float, batch_var: float, queued
-               ) -> tuple[np.ndarray, np.ndarray]:
+def window_law(shots: WindowShots, window_steps: float, batch_var: float, queued,
+               siblings: Siblings | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(y, pmf) of the extension a window of `window_steps` steps sees, `batch_var` the variance
     of its window-averaged decode batch, `queued` the FCFS backlog when it opens
-    (`_fcfs_backlog`, or a slice of it)."""
+    (`_fcfs_backlog`, or a slice of it), `siblings` a subagent request's sibling chains (their
+    prefill runs join the shots; their decodes shift the law, `with_sibling_decodes`)."""
+    if siblings is not None:
+        y, pmf = window_law(replace(shots, rate_per_step=shots.rate_per_step
+                                    + siblings.runs_per_step), window_steps, batch_var, queued)
+        return with_sibling_decodes(y, pmf, window_steps, siblings)
     win, vb = window_steps, batch_var
     lam, heights, k, chain = shots.rate_per_step, shots.heights_s, shots.steps, shots.chain
     mean_y = lam * win * float((heights * k).mean())
