@@ -64,7 +64,7 @@ def test_forked_runs_put_siblings_in_flight_together():
     w = load_workload("agentx-v1")
     pol = EnginePolicy(max_num_batched_tokens=16384)
     kw = dict(duration_s=3000, seed=1, hit_rate=0.96)  # seed 1 reaches a subagent run
-    one = simulate(SM_FIXED, w, pol, ClosedLoop(1), forked_runs=False, **kw)
+    one = simulate(SM_FIXED, w, pol, ClosedLoop(1, forked_runs=False), **kw)
     fork = simulate(SM_FIXED, w, pol, ClosedLoop(1), **kw)
     assert one.step_decodes.max() == 1
     assert fork.step_decodes.max() == 3

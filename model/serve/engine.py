@@ -52,6 +52,7 @@ from model.serve.request_mix import (
     request_mix_for,
     request_sample,
 )
+from model.serve.siblings import subagent_chains
 from model.serve.tpot_law import (
     TpotLaw,
     decode_step_seen_s,
@@ -238,8 +239,12 @@ def _engine(step_model, workload, policy: EnginePolicy, load: Load, dp: int,
     # a prefetch hides the reload behind the client's gap, which ends before the front end's
     client_gap_s = request_sample(rm, load).gap_s
     reload_s = cache.reload_s(mix.context_tokens, client_gap_s) if cache else None
+    chains = 1
+    if isinstance(load, ClosedLoop) and load.forked_runs and mix.wall_weight is not None:
+        chains = subagent_chains(float(mix.wall_weight.min()))
     return rank_engine(step_model, mix, policy, dp,
-                       None if qm is rm else request_sample(qm, load, policy), reload_s)
+                       None if qm is rm else request_sample(qm, load, policy), reload_s,
+                       chains)
 
 
 def _laws(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,

@@ -71,6 +71,8 @@ class RankEngine:
     table: ExtensionTable
     context_index: tuple[np.ndarray, np.ndarray]  # the sample's contexts on the table
     queue_context_index: tuple[np.ndarray, np.ndarray] | None
+    # concurrent chains a subagent run plays on (model.serve.siblings); 1: independent lanes
+    subagent_chains: int = 1
 
     @property
     def queue(self) -> RequestMix:
@@ -160,9 +162,10 @@ class RankEngine:
 
 def rank_engine(step_model, sample: RequestMix, policy: EnginePolicy, dp: int,
                 queue_sample: RequestMix | None = None,
-                reload_s: np.ndarray | None = None) -> RankEngine:
+                reload_s: np.ndarray | None = None, subagent_chains: int = 1) -> RankEngine:
     """The engine of one DP rank of `dp` lock-stepped ones over `sample` (float arrays, gaps
-    already capped); `reload_s`: each request's lower-tier KV reload (None: none)."""
+    already capped); `reload_s`: each request's lower-tier KV reload (None: none);
+    `subagent_chains`: the concurrent chains a subagent run plays on."""
     q = float(getattr(step_model, "tokens_per_decode_step", 1.0) or 1.0)
     o = sample.output_tokens
     decode_steps = np.maximum(o - 1.0, 0.0)
@@ -178,7 +181,8 @@ def rank_engine(step_model, sample: RequestMix, policy: EnginePolicy, dp: int,
         policy.frontend_s(c), 1.0, q,
         decode_steps, float(decode_steps.mean()), c_d, 1.0 / dp, table,
         table.context_index(c),
-        None if queue_sample is None else table.context_index(queue_sample.context_tokens))
+        None if queue_sample is None else table.context_index(queue_sample.context_tokens),
+        subagent_chains)
 
 
 def window_bin_index(windows: np.ndarray, top: float) -> np.ndarray:

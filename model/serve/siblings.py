@@ -55,14 +55,13 @@ def subagent_requests(eng: RankEngine) -> np.ndarray | None:
 def sibling_load(eng: RankEngine, st: SolvedRate, ttft_dist, decode_step_seen_s: float,
                  sessions_per_rank: float | None) -> Siblings | None:
     """The siblings of a subagent request at the solved state `st` (closed loops only; None
-    where runs play on one chain or the sample has no subagent requests)."""
+    where runs play on one chain (`eng.subagent_chains`) or the sample has no subagent
+    requests)."""
     sub = subagent_requests(eng)
-    if sub is None or not sessions_per_rank:
+    c = eng.subagent_chains
+    if sub is None or not sessions_per_rank or c <= 1:
         return None
     w = eng.sample.wall_weight
-    c = subagent_chains(float(w[sub].min()))
-    if c <= 1:
-        return None
     grid, pmf = ttft_dist
     ttft_s = float(np.sum(np.asarray(grid) * pmf) / max(float(np.sum(pmf)), 1e-300))
     gap_s = eng.sample.gap_s[sub] * float(w.mean()) / w[sub]  # the sample weights them by w/E[w]

@@ -129,7 +129,7 @@ class _Requests:
 def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: Load, *,
              duration_s: float = 600.0, warmup_s: float | None = None, seed: int = 0,
              hit_rate: float | None = None, dp_ranks: int = 1, max_steps: int = 2_000_000,
-             sessions: bool = True, forked_runs: bool = True) -> SimResult:
+             sessions: bool = True) -> SimResult:
     """Run the policy on `load` for `duration_s` of simulated time; statistics cover requests
     that arrive between `warmup_s` (default 20% of the duration) and `duration_s`. The run goes
     on past `duration_s`, the load with it, until those requests finish (for at most a quarter
@@ -145,8 +145,8 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     DP rank i mod dp_ranks (sticky by session). `sessions=False` makes each lane draw its next
     request independently from the request mix (the closed form's assumption), to separate the
     queueing approximation from the session correlation. Subagent runs fork into concurrent
-    chains joined at the parent's next turn (model.serve.sim_lanes); `forked_runs=False` plays
-    them instead as the closed form counts them, extra independent lanes with weighted gaps.
+    chains joined at the parent's next turn (model.serve.sim_lanes); a closed loop with
+    `forked_runs=False` plays them as extra independent lanes with weighted gaps instead.
     """
     if duration_s <= 0:
         raise ServecastError(f"simulate: duration_s: must be > 0, got {duration_s}")
@@ -157,7 +157,7 @@ def simulate(step_model, workload: Workload | None, policy: EnginePolicy, load: 
     if isinstance(load, ClosedLoop):
         if workload is None:
             raise ServecastError("simulate: a closed loop needs a workload")
-        pool = (_SessionPool(workload, seed, hit_rate, forked_runs) if sessions
+        pool = (_SessionPool(workload, seed, hit_rate, load.forked_runs) if sessions
                 else _MixPool(workload, seed, hit_rate))
         sim.start_lanes(pool, rng)
     elif isinstance(load, OpenLoop):

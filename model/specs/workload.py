@@ -436,12 +436,15 @@ class ClosedLoop:
     trajectory's idle time at 300 s); profiles without gaps (fixed-length) loop back-to-back, as
     `vllm bench serve --max-concurrency` does. While no request is in flight anywhere, the replay
     skips ahead so that no all-idle interval lasts longer than `idle_cap_s` (AIPerf
-    --system-idle-gap-cap-seconds 10; model.specs.idle_cap); None keeps every gap.
+    --system-idle-gap-cap-seconds 10; model.specs.idle_cap); None keeps every gap. A subagent
+    run plays as concurrent chains joined at the parent's next turn, as AIPerf replays it
+    (`forked_runs`; False: as independent lanes, the closed form's queue laws alone).
     """
 
     concurrency: int
     gap_cap_s: float = TURN_GAP_CAP_S
     idle_cap_s: float | None = SYSTEM_IDLE_CAP_S
+    forked_runs: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1:

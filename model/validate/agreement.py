@@ -4,10 +4,9 @@
 difference (closed form / simulation - 1). The scenarios cover fixed-length profiles under
 Poisson arrivals and closed loops with think time, AgentX synthetic sessions and the replayed
 AgentX sample, each at several loads, threshold off and 512; tests/test_simulate.py asserts a
-subset with shorter simulations. The simulator plays subagent runs as the closed form counts
-them (extra independent lanes, `forked_runs=False`), so the table checks the closed form's
-queueing laws on its own traffic assumption; the measured AgentX runs score the simulator with
-forked runs (model.validate.agentx_simulated).
+subset with shorter simulations. Both sides play subagent runs as independent lanes
+(`ClosedLoop.forked_runs=False`), so the table checks the queueing laws; the measured AgentX
+runs score both with forked runs (model.serve.siblings, model.serve.sim_lanes).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from __future__ import annotations
 import datetime
 import functools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -204,7 +203,7 @@ def closed_form(scenario: Scenario | str, seed: int = 0) -> dict[str, float]:
     """The closed form's metrics; `seed` draws its request mix (serve's default is 0)."""
     sc = BY_NAME[scenario] if isinstance(scenario, str) else scenario
     sm, w, pol = sc.build()
-    return _values(serve(sm, w, pol, sc.load, seed=seed))
+    return _values(serve(sm, w, pol, _unforked(sc.load), seed=seed))
 
 
 def simulated(scenario: Scenario | str, seed: int | None = None,
@@ -214,10 +213,14 @@ def simulated(scenario: Scenario | str, seed: int | None = None,
     dp = int(getattr(getattr(sm, "plan", None), "dp", 1) or 1)
     duration = sim_s or sc.sim_s
     # no step model here steps faster than every millisecond: the bound only stops a runaway
-    return _values(simulate(sm, w, pol, sc.load, duration_s=duration,
+    return _values(simulate(sm, w, pol, _unforked(sc.load), duration_s=duration,
                             seed=sc.seed if seed is None else seed, sessions=sc.sessions,
-                            forked_runs=False, dp_ranks=dp,
-                            max_steps=int(1000 * duration)).summary())
+                            dp_ranks=dp, max_steps=int(1000 * duration)).summary())
+
+
+def _unforked(load):
+    """The load with subagent runs as independent lanes (the table's traffic, both sides)."""
+    return replace(load, forked_runs=False) if isinstance(load, ClosedLoop) else load
 
 
 def agreement(scenario: Scenario | str, sim_s: float | None = None) -> dict[str, float]:
