@@ -436,10 +436,9 @@ class ClosedLoop:
     trajectory's idle time at 300 s); profiles without gaps (fixed-length) loop back-to-back, as
     `vllm bench serve --max-concurrency` does. While no request is in flight anywhere, the replay
     skips ahead so that no all-idle interval lasts longer than `idle_cap_s` (AIPerf
-    --system-idle-gap-cap-seconds 10; model.specs.idle_cap); None keeps every gap. A subagent
-    run plays as concurrent chains joined at the parent's next turn, as AIPerf replays it
-    (`forked_runs`; False: as independent lanes, the closed form's queue laws alone).
-    """
+    --system-idle-gap-cap-seconds 10; model.specs.idle_cap); None keeps every gap.
+    `forked_runs`: subagent runs play as concurrent chains joined at the parent's next turn, as
+    AIPerf replays them (False: as independent lanes)."""
 
     concurrency: int
     gap_cap_s: float = TURN_GAP_CAP_S
