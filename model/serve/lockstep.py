@@ -428,13 +428,15 @@ class SlotChain:
     def sum_pmf(self, slots: float, dz: float, n: int) -> np.ndarray:
         """pmf on the grid k·dz (n points) of the extension summed over `slots` admitting slots
         (whole counts either side, mixed), from the state where the window opens: opens'
-        (P D(theta))^m 1, D the states' transforms."""
+        (P D(theta))^m 1, D the states' transforms. The transforms are n-point: the grid
+        reaches past `span(slots)`, 10 sd beyond the sum's mean, so the mass a circular sum
+        wraps is below float noise and no zero padding is needed."""
         pos = np.arange(self.pmfs.shape[-1]) * self.dy / dz
         lo = np.minimum(np.floor(pos).astype(int), n - 1)
         up = np.minimum(lo + 1, n - 1)
         frac = pos - np.floor(pos)
-        binned = np.stack([np.bincount(lo, p * (1.0 - frac), 2 * n)
-                           + np.bincount(up, p * frac, 2 * n) for p in self.pmfs])
+        binned = np.stack([np.bincount(lo, p * (1.0 - frac), n)
+                           + np.bincount(up, p * frac, n) for p in self.pmfs])
         phi = np.fft.rfft(binned, axis=1)  # (states, frequencies)
         step = self.trans[None, :, :] * phi.T[:, None, :]  # P D(theta): column b scaled by phi_b
         whole = int(np.floor(slots))
@@ -443,7 +445,7 @@ class SlotChain:
         cf = (1.0 - rest) * row.sum(axis=1)
         if rest > 0:
             cf = cf + rest * np.matmul(row[:, None, :], step)[:, 0, :].sum(axis=1)
-        out = np.maximum(np.fft.irfft(cf, 2 * n)[:n], 0.0)
+        out = np.maximum(np.fft.irfft(cf, n), 0.0)
         return out / max(out.sum(), 1e-300)
 
 

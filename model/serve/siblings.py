@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom
 
 from model.serve.rank_engine import RankEngine
 from model.serve.rate_solver import SolvedRate
+from model.specs.probability import binom_pmf
 
 
 def subagent_chains(wall_share: float) -> int:
@@ -72,7 +72,7 @@ def sibling_load(eng: RankEngine, st: SolvedRate, ttft_dist, decode_step_seen_s:
     seen = b + max(1.0 - b / sessions_per_rank, 0.0) / eng.dp
     step = float(eng.decode_step_s(seen + 1.0 / eng.dp) - eng.decode_step_s(seen))
     return Siblings((c - 1) / cycle_s * st.mean_step_s,
-                    binom.pmf(np.arange(c), c - 1, delta), max(step, 0.0))
+                    binom_pmf(np.arange(c), c - 1, delta), max(step, 0.0))
 
 
 def with_sibling_decodes(y: np.ndarray, pmf: np.ndarray, window_steps: float,
