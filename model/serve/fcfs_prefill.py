@@ -26,6 +26,7 @@ from model.serve.mean_waits import kingman_wait_exceeds, kingman_wait_s, pk_wait
 from model.serve.queueing import arrivals_kept
 from model.serve.rank_engine import RankEngine
 from model.serve.step_balance import StepBalance
+from model.specs.workload import RequestMix
 
 RUN_HEIGHTS, RUN_PHASES = 16, 8  # first-step mixture resolution: chunk heights x arrival phases
 WAIT_GRID_FAST = 2**12  # cells of the wait law inside the merged-queue fixed point
@@ -98,14 +99,13 @@ def solve_fcfs(eng: RankEngine, bal: StepBalance, ca2: float, sessions_per_rank:
 
     service = service_of(k, ext)
     room = np.where(rem > 0, rate - rem, 0.0)
-    merge = _merge_probability(room, np.where(rem > 0, rem, rate))
+    merge = _merge_probability(room, eng.sample, rate)
     if eng.queue_sample is None:  # the wait law's own sample (RankEngine.queue)
         q_service, q_merge = service, merge
     else:
         q_runs = eng.queue_prefill_runs(b, rate)
         q_service = service_of(q_runs.chunks, q_runs.extension_s)
-        q_rem = q_runs.last_chunk_tokens
-        q_merge = _merge_probability(room, np.where(q_rem > 0, q_rem, rate))
+        q_merge = _merge_probability(room, eng.queue_sample, rate)
     last_step = td + np.where(rem > 0, runs.last_chunk_extension_s, ext / np.maximum(k, 1.0))
     decoding = _decoding(eng, bal, first.slot_s) if n_sessions else None
     # One wait law for the mean and the percentiles: the queue's service without the first
@@ -246,11 +246,16 @@ def _merged_queue(service_s, saved_s, last_step_s, rate_per_rank_rps: float, ca2
     return found
 
 
-def _merge_probability(room: np.ndarray, last_chunk: np.ndarray) -> np.ndarray:
-    """Per prompt, P(room >= its last chunk) over the sample's rooms (what the predecessor's
-    last step leaves): then the chunks shift by the room and the prompt needs one step fewer."""
+def _merge_probability(room: np.ndarray, mix: RequestMix, chunk_tokens: float) -> np.ndarray:
+    """Per prompt of `mix`, P(room >= its last chunk) over the sample's rooms (what the
+    predecessor's last step leaves): then the chunks shift by the room and the prompt needs one
+    step fewer. A prompt's last chunk is a function of its uncached tokens, so it is evaluated
+    once per distinct count (a few thousand in a sample of 320,000) and read back per prompt."""
+    counts, inverse = mix.uncached_tokens_distinct
+    rem = counts - np.floor(counts / chunk_tokens) * chunk_tokens  # as rank_engine's runs
+    last = np.where(rem > 0, rem, chunk_tokens)
     rooms = np.sort(room)
-    return 1.0 - np.searchsorted(rooms, last_chunk, side="left") / len(rooms)
+    return (1.0 - np.searchsorted(rooms, last, side="left") / len(rooms))[inverse]
 
 
 def _lockstep_first_step(first, busy: float):

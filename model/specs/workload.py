@@ -195,6 +195,13 @@ class RequestMix:
         return np.sort(self.gap_s)
 
     @functools.cached_property
+    def uncached_tokens_distinct(self) -> tuple[np.ndarray, np.ndarray]:
+        """(distinct uncached counts, each request's index into them), found once: per-prompt
+        laws that depend on the count alone are evaluated per distinct count."""
+        counts, inverse = np.unique(self.uncached_tokens, return_inverse=True)
+        return counts, inverse.ravel()
+
+    @functools.cached_property
     def output_tokens_ascending(self) -> np.ndarray:
         """The output lengths sorted once (the decode times the queue laws read scale them)."""
         return np.sort(self.output_tokens)
