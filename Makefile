@@ -17,7 +17,7 @@ run: $(VENV_STAMP)
 
 test: $(VENV_STAMP)
 	$(PY) -m ruff check model tests
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 --dist worksteal
 
 bench: $(VENV_STAMP)
 	$(PY) -m model.bench.suite

@@ -1,16 +1,13 @@
 """Workload profiles: the traffic a deployment serves, as data (`data/workloads/*.yaml`).
 
-Two kinds of profile:
-- `sessions` (agentic): a session is a chain of turns whose context only grows; each turn sends the
-  whole context, of which only the new part (the growth since the last turn) misses the prefix
-  cache; sessions pause between turns (tool or think time) and may fork subagents.
-- `requests`: independent requests (fixed-length benchmarks, Mooncake, Azure), with an arrival
-  rate where the source trace has one.
+Two kinds: `sessions` (agentic), chains of turns whose context only grows, each turn resending
+the whole context of which only the growth misses the prefix cache, pausing between turns (tool or
+think time) and forking subagents; `requests`, independent requests (fixed-length benchmarks,
+Mooncake, Azure), with an arrival rate where the source trace has one.
 
 Every distribution is data: a fixed value, a lognormal, empirical quantiles (fitted from a trace
 by `model.fit.workload`), or a weighted mixture of those. `Workload.request_mix(n, seed)` draws
-the per-request (context, uncached, output, gap) sample that both the closed-form serving model
-and the simulator consume, so the two always see the same traffic.
+the per-request (context, uncached, output, gap) sample the closed form and the simulator share.
 """
 
 from __future__ import annotations
@@ -196,10 +193,8 @@ class RequestMix:
 
     @functools.cached_property
     def uncached_tokens_distinct(self) -> tuple[np.ndarray, np.ndarray]:
-        """(distinct uncached counts, each request's index into them), found once: per-prompt
-        laws that depend on the count alone are evaluated per distinct count."""
-        counts, inverse = np.unique(self.uncached_tokens, return_inverse=True)
-        return counts, inverse.ravel()
+        """(distinct uncached counts, each request's index into them), found once."""
+        return np.unique(self.uncached_tokens, return_inverse=True)
 
     @functools.cached_property
     def output_tokens_ascending(self) -> np.ndarray:
@@ -253,10 +248,9 @@ def _clipped_levels(deltas: np.ndarray, max_ctx: float) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4)
 def recorded_sessions(path: str) -> tuple[SessionSpec, ...]:
-    """Every trace of an AgentX derived requests CSV (columns trace_id, kind, t_s, in, out,
-    inf_cache_hit_tokens, think_time_s) as a session: its main and subagent requests in time
-    order; uncached = in - inf_cache_hit_tokens (the trace's own infinite-cache prefix hit),
-    gap = the recorded think time (0 before the first request)."""
+    """Every trace of an AgentX derived requests CSV (columns `cols`) as a session: its main
+    and subagent requests in time order; uncached = in - inf_cache_hit_tokens (the trace's own
+    infinite-cache prefix hit), gap = the recorded think time (0 before the first request)."""
     import pandas as pd  # only recorded sessions need pandas: kept off the import path
 
     cols = ["trace_id", "kind", "t_s", "in", "out", "inf_cache_hit_tokens", "think_time_s"]
@@ -443,9 +437,8 @@ class ClosedLoop:
     trajectory's idle time at 300 s); profiles without gaps (fixed-length) loop back-to-back, as
     `vllm bench serve --max-concurrency` does. While no request is in flight anywhere, the replay
     skips ahead so that no all-idle interval lasts longer than `idle_cap_s` (AIPerf
-    --system-idle-gap-cap-seconds 10; model.specs.idle_cap); None keeps every gap.
-    `forked_runs`: subagent runs play as concurrent chains joined at the parent's next turn, as
-    AIPerf replays them (False: as independent lanes)."""
+    --system-idle-gap-cap-seconds 10; model.specs.idle_cap); None keeps every gap. `forked_runs`:
+    subagent runs play as concurrent chains joined at the parent's next turn (AIPerf's replay)."""
 
     concurrency: int
     gap_cap_s: float = TURN_GAP_CAP_S
