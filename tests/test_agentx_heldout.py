@@ -87,9 +87,11 @@ def test_kimi_k3_b300_aggregated_sweep_from_24_sessions():
     # Kimi K3, 8 x B300 TP8 DCP8 (recipe b300-fp4-mtp), 24-70 sessions without speculative
     # decoding (6 runs, measured TPGS 8.9K-12.6K, P90 interactivity 7.9-21.6 tok/s, P90 TTFT
     # 1.9-3.8 s). Its experts are weight-only MXFP4 and run at the BF16 rate (mxfp4_w4a16):
-    # TPGS within 11% of every run (the full tier: -1% to +10%) and P90 TTFT within 25% (-23%
-    # to +8%). P90 interactivity is over-predicted at every load, +10% to +30%: the engine slows
-    # more with these loads than the model.
+    # TPGS within 11% of every run (the full tier: -1% to +10%) and P90 TTFT within 35% (-14%
+    # to +32%, highest at 24 sessions: the Python front end's template render, assumed at the low
+    # end of what TensorRT-LLM states, adds 2 us a prompt token). P90 interactivity is
+    # over-predicted at every load, +10% to +30%: the engine slows more with these loads than
+    # the model.
     runs = load_runs()
     runs = runs[(runs.model == "kimik3") & (runs.hardware == "b300") & (runs.conc >= 24)]
     group = next(g for g in load_groups() if g["model"] == "kimik3" and g["hardware"] == "b300")
@@ -99,7 +101,7 @@ def test_kimi_k3_b300_aggregated_sweep_from_24_sessions():
     assert len(served) == 6
     assert served.tpgs_err.abs().max() < 0.11
     assert served.p90_interactivity_err.between(0.0, 0.35).all()
-    assert served.p90_ttft_err.abs().max() < 0.25
+    assert served.p90_ttft_err.between(-0.20, 0.35).all()
 
 
 def test_each_run_has_at_most_one_deployment_and_the_unmapped_are_the_headers():

@@ -1,15 +1,19 @@
 """The API server in front of the engine: every request's whole prompt is rendered and tokenized
 before an engine sees it (EnginePolicy.frontend_s; rate model.specs.defaults.
 FRONTEND_S_PER_PROMPT_TOKEN, 1.15 us a token: TensorRT-LLM's front end, nsys-timed, 43.7 ms for
-a ~38K-token prompt, github.com/NVIDIA/TensorRT-LLM/pull/18389). The engine alone has none."""
+a ~38K-token prompt, github.com/NVIDIA/TensorRT-LLM/pull/18389), and a Python front end's
+chat-template render on top (model.specs.defaults.FRONTEND_RENDER_S_PER_PROMPT_TOKEN). The engine
+alone has none."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from model.perf.parallel import ParallelPlan
+from model.plan.deployment import Deployment, PhaseConfig
 from model.serve.engine import AffineStepModel, serve
-from model.serve.policy import EnginePolicy
+from model.serve.policy import EnginePolicy, frontend_rate_s_per_token
 from model.serve.request_mix import request_mix_for
 from model.serve.simulate import simulate
 from model.specs.defaults import FRONTEND_S_PER_PROMPT_TOKEN
@@ -65,3 +69,24 @@ def test_closed_form_and_simulator_agree_with_a_front_end():
 def test_a_bad_rate_is_one_error_line():
     with pytest.raises(ServecastError, match="frontend_s_per_prompt_token"):
         EnginePolicy(frontend_s_per_prompt_token=-1e-6)
+
+
+def test_a_python_front_end_adds_its_template_render():
+    # TensorRT-LLM PR 16231: a Python front end's Jinja render is "hundreds of ms per request at
+    # ~100k-token chats"; the low end, 200 ms per 100K tokens, is 2 us a token on top of the
+    # tokenization. The Rust front ends (vLLM's, Dynamo's) render in Rust, not counted
+    assert frontend_rate_s_per_token("python") == pytest.approx(RATE + 200e-3 / 100e3)
+    assert frontend_rate_s_per_token("rust") == frontend_rate_s_per_token("dynamo") == RATE
+    assert frontend_rate_s_per_token(None) == RATE
+    # a 100K-token turn waits 0.315 s in a Python front end before the engine sees it
+    python = EnginePolicy(frontend_s_per_prompt_token=frontend_rate_s_per_token("python"))
+    assert python.frontend_s(1e5) == pytest.approx(0.315)
+
+
+def test_an_unknown_front_end_is_one_error_naming_the_allowed_ones():
+    with pytest.raises(ServecastError, match="allowed python, rust, dynamo, got 'node'"):
+        frontend_rate_s_per_token("node")
+    replica = PhaseConfig("b300", ParallelPlan(tp=2), 1)
+    with pytest.raises(ServecastError, match="frontend 'node': allowed python, rust, dynamo"):
+        Deployment(mode="aggregated", arch="minimax-m3", concurrency=1, replica=replica,
+                   frontend="node")

@@ -15,7 +15,13 @@ import re
 from dataclasses import dataclass, field
 
 from model.perf.parallel import ParallelPlan
-from model.specs.defaults import KERNEL_LAUNCH, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MODES
+from model.specs.defaults import (
+    FRONTENDS,
+    KERNEL_LAUNCH,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    MODES,
+)
 from model.specs.errors import ServecastError
 
 
@@ -113,6 +119,8 @@ class Deployment:
     prefill_schedule_interval: int = 1
     kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking (EnginePolicy)
     cpu_offload_gib: float = 0.0  # weights per GPU in host memory (EnginePolicy)
+    # the request front end (model.specs.defaults.FRONTENDS); None: its tokenization alone
+    frontend: str | None = None
     kv_connector: str = "NixlConnector"
     # checkpoint, KV dtype, speculative decoding (None: the architecture's own, defaults)
     serving: ServingFormat | None = field(default=None, compare=False, hash=False)
@@ -125,6 +133,9 @@ class Deployment:
             raise ServecastError("Deployment: aggregated mode needs `replica`")
         if self.mode == "disaggregated" and (self.prefill is None or self.decode is None):
             raise ServecastError("Deployment: disaggregated mode needs `prefill` and `decode`")
+        if self.frontend is not None and self.frontend not in FRONTENDS:
+            raise ServecastError(f"Deployment: frontend {self.frontend!r}: allowed "
+                                 f"{', '.join(FRONTENDS)}")
 
     @property
     def gpus(self) -> int:
@@ -158,7 +169,7 @@ class Deployment:
                          "long_prefill_token_threshold": self.long_prefill_token_threshold,
                          "prefill_schedule_interval": self.prefill_schedule_interval,
                          "kernel_launch": self.kernel_launch,
-                         "cpu_offload_gib": self.cpu_offload_gib}
+                         "cpu_offload_gib": self.cpu_offload_gib, "frontend": self.frontend}
         return {**out, **self.extras}
 
 

@@ -14,9 +14,8 @@ from model.perf.step import build_step_model
 from model.plan.deployment import Deployment, DeploymentShape, PhaseConfig
 from model.plan.traffic import Keyed
 from model.serve.deployment import CacheChoice, DeploymentServing, serve_deployment
-from model.serve.policy import EnginePolicy
+from model.serve.policy import EnginePolicy, frontend_rate_s_per_token
 from model.serve.pools import Workers
-from model.specs.defaults import FRONTEND_S_PER_PROMPT_TOKEN
 from model.specs.precision import with_precision
 from model.specs.recipes import SPEC_OFF
 from model.specs.workload import ClosedLoop, Load
@@ -67,7 +66,8 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
     policy = EnginePolicy(deployment.max_num_batched_tokens, deployment.max_num_seqs,
                           deployment.long_prefill_token_threshold,
                           deployment.prefill_schedule_interval, deployment.kernel_launch,
-                          FRONTEND_S_PER_PROMPT_TOKEN, deployment.cpu_offload_gib)
+                          frontend_rate_s_per_token(deployment.frontend),
+                          deployment.cpu_offload_gib)
     if deployment.mode == "aggregated":
         replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True,
                                             policy), deployment.replica.instances)
@@ -103,12 +103,12 @@ def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool
 
 
 def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency: int,
-                        policy: EnginePolicy) -> Deployment:
+                        policy: EnginePolicy, frontend: str | None = None) -> Deployment:
     """The deployment a parsed label describes, served with `setup` and `policy`: its plans
     normalized for the architecture as served and validated (a plan that does not fit is one
     error line), as the screening writes them. A label may place a TP group across scale-up
     domains, as measured deployments do (TP16 over two 8-GPU H200 nodes); its all-reduces then
-    run over the scale-out network."""
+    run over the scale-out network. `frontend`: the request front end (Deployment.frontend)."""
     sized = with_precision(setup.arch, setup.precision)
 
     def phase(hw, plan, count: int, decodes: bool) -> PhaseConfig:
@@ -122,7 +122,8 @@ def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency
               "max_num_seqs": policy.max_num_seqs,
               "long_prefill_token_threshold": policy.long_prefill_token_threshold,
               "prefill_schedule_interval": policy.prefill_schedule_interval,
-              "kernel_launch": policy.kernel_launch, "cpu_offload_gib": policy.cpu_offload_gib}
+              "kernel_launch": policy.kernel_launch, "cpu_offload_gib": policy.cpu_offload_gib,
+              "frontend": frontend}
     if shape.mode == "aggregated":
         return Deployment(mode="aggregated", replica=phase(setup.hardware, shape.replica,
                                                            shape.replicas or 1, True), **common)

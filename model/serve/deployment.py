@@ -24,6 +24,7 @@ from model.serve.engine import ServingResult, serve
 from model.serve.policy import EnginePolicy
 from model.serve.pools import Workers, serve_pools
 from model.serve.request_mix import request_mix_for
+from model.specs.defaults import FRONTEND_S_PER_PROMPT_TOKEN
 from model.specs.errors import ServecastError
 from model.specs.workload import ClosedLoop, Load, OpenLoop, Workload
 
@@ -94,10 +95,13 @@ def _frontend(policy: EnginePolicy, result: ServingResult) -> tuple[str, ...]:
     """The assumption the API server's time in front of the engines states."""
     if policy.frontend_s_per_prompt_token <= 0:
         return ()
+    rendered = policy.frontend_s_per_prompt_token > FRONTEND_S_PER_PROMPT_TOKEN
     return (f"the API server renders and tokenizes each request's whole prompt before an "
             f"engine sees it, {policy.frontend_s_per_prompt_token * 1e6:.2f} us a token "
             f"({result.mean_frontend_s:.2f} s a request on average, in TTFT; HF tokenizers as "
-            "timed in TensorRT-LLM's front end; template rendering not counted)",)
+            "timed in TensorRT-LLM's front end"
+            + ("; a Python front end's template render as TensorRT-LLM states it)" if rendered
+               else "; template rendering not counted)"),)
 
 
 def _chains(workload: Workload, load: Load, seed: int) -> tuple[str, ...]:

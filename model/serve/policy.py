@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from model.specs.defaults import (
+    FRONTEND_RENDER_S_PER_PROMPT_TOKEN,
+    FRONTEND_S_PER_PROMPT_TOKEN,
+    FRONTENDS,
     KERNEL_LAUNCH,
     KERNEL_LAUNCH_MODES,
     MAX_NUM_BATCHED_TOKENS,
@@ -33,8 +36,7 @@ class EnginePolicy:
     `frontend_s_per_prompt_token`: seconds the API server in front of the engine spends per
     prompt token rendering and tokenizing each request's whole prompt before the engine sees
     it; 0, the default, is the engine alone, as the queue laws and the simulator agreement study
-    it. A deployment sets its front end's (model.plan.evaluate, with
-    model.specs.defaults.FRONTEND_S_PER_PROMPT_TOKEN).
+    it. A deployment sets its front end's (model.plan.evaluate, `frontend_rate_s_per_token`).
     """
 
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
@@ -117,3 +119,14 @@ def default_threshold(max_model_len: int, max_num_partial_prefills: int = 1) -> 
     if max_num_partial_prefills > 1:
         return int(0.04 * max_model_len)
     return 0
+
+
+def frontend_rate_s_per_token(frontend: str | None) -> float:
+    """Seconds a front end spends per prompt token before the engine sees the request: the
+    tokenization every front end does, plus the chat-template render of a Python front end
+    (model.specs.defaults.FRONTEND_RENDER_S_PER_PROMPT_TOKEN); None: the tokenization alone."""
+    if frontend is None:
+        return FRONTEND_S_PER_PROMPT_TOKEN
+    if frontend not in FRONTENDS:
+        raise ServecastError(f"frontend: allowed {', '.join(FRONTENDS)}, got {frontend!r}")
+    return FRONTEND_S_PER_PROMPT_TOKEN + FRONTEND_RENDER_S_PER_PROMPT_TOKEN[frontend]

@@ -36,6 +36,15 @@ SYNC_ROUND_TRIP_S = 5.8e-6
 # Template rendering and request parsing come on top and are not counted (an assumption: this
 # is a floor), nor is queueing between requests in the front end.
 FRONTEND_S_PER_PROMPT_TOKEN = 1.15e-6
+# The request front ends the engines run behind: vLLM's Python OpenAI server, its Rust front end
+# (VLLM_USE_RUST_FRONTEND=1), NVIDIA Dynamo's. A Python front end also renders the chat template
+# over the whole conversation with Jinja2 on every request: "pure-CPU jinja + python work that
+# grows with conversation length: hundreds of ms per request at ~100k-token chats"
+# (github.com/NVIDIA/TensorRT-LLM/pull/16231, TensorRT-LLM's Python front end, Qwen3.5 agentic
+# traces); the low end of that, 200 ms per 100K tokens, is taken (an assumption). The Rust front
+# ends render in Rust (minijinja): not counted. Queueing in the front end is not modeled.
+FRONTENDS = ("python", "rust", "dynamo")
+FRONTEND_RENDER_S_PER_PROMPT_TOKEN = {"python": 2.0e-6, "rust": 0.0, "dynamo": 0.0}
 
 # The planner's built-in scenario (`make run`, `servecast plan` without flags): the vLLM AgentX
 # post's DeepSeek V4 Pro row (1P DEP4 + 1D DEP8 on 12 GB300, P90 interactivity over 50 tok/s),

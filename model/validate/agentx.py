@@ -147,7 +147,8 @@ def predict_group(g: dict, runs: pd.DataFrame) -> list[dict]:
         setup = setup_for(arch, chip, WORKLOAD, ServingChoices(
             precision=g.get("precision"), kv_dtype=g.get("kv_dtype"), spec_tokens=tokens,
             acceptance_length=al or None, spec_method=method))
-        predicted, reason = _served(setup, shape, int(run.conc), _policy(g, int(run.conc)))
+        predicted, reason = _served(setup, shape, int(run.conc), _policy(g, int(run.conc)),
+                                    g.get("frontend"))
         if "tpgs" in predicted:  # the export's TPGS divides by its own GPU count
             predicted["tpgs"] *= deployed / int(g["gpus"])
         row = {"id": int(run.id), "model": g["model"], "hardware": g["hardware"],
@@ -161,12 +162,12 @@ def predict_group(g: dict, runs: pd.DataFrame) -> list[dict]:
     return out
 
 
-def _served(setup, shape, concurrency: int, policy: EnginePolicy
+def _served(setup, shape, concurrency: int, policy: EnginePolicy, frontend: str | None
             ) -> tuple[dict[str, float], str]:
-    """(the full tier's TPGS, P90 interactivity and P90 TTFT, why there are none): a plan the
-    model cannot place (Infeasible) is a reason too."""
+    """(the full tier's TPGS, P90 interactivity and P90 TTFT, why there are none) behind the
+    group's front end: a plan the model cannot place (Infeasible) is a reason too."""
     try:
-        deployment = labelled_deployment(shape, setup, concurrency, policy)
+        deployment = labelled_deployment(shape, setup, concurrency, policy, frontend)
         r = evaluate_deployment(setup, deployment).result
     except Exception as err:  # one run's failure must not sink the table; it is reported
         return {}, f"{type(err).__name__}: {err}"

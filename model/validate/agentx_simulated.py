@@ -26,8 +26,8 @@ from model.perf.microbatch import pipeline_lanes
 from model.plan.deployment import parse_deployment_label
 from model.plan.evaluate import evaluate_deployment, labelled_deployment, worker_step_model
 from model.plan.inputs import ServingChoices, setup_for
+from model.serve.policy import frontend_rate_s_per_token
 from model.serve.simulate import simulate
-from model.specs.defaults import FRONTEND_S_PER_PROMPT_TOKEN
 from model.specs.hardware import load_hardware
 from model.specs.workload import ClosedLoop, load_workload
 from model.validate import agentx
@@ -52,9 +52,9 @@ def _setup(g: dict, concurrency: int):
     shape, _ = parse_deployment_label(agentx.deployment_label(g)).resolve(
         int(g.get("deployed_gpus", g["gpus"])))
     policy = agentx._policy(g, concurrency)
-    deployment = labelled_deployment(shape, setup, concurrency, policy)
-    return setup, deployment, replace(policy,
-                                      frontend_s_per_prompt_token=FRONTEND_S_PER_PROMPT_TOKEN)
+    deployment = labelled_deployment(shape, setup, concurrency, policy, g.get("frontend"))
+    return setup, deployment, replace(policy, frontend_s_per_prompt_token=(
+        frontend_rate_s_per_token(deployment.frontend)))
 
 
 def simulate_run(g: dict, concurrency: int, seed: int = SEED) -> dict:
