@@ -90,3 +90,21 @@ def test_an_unknown_front_end_is_one_error_naming_the_allowed_ones():
     with pytest.raises(ServecastError, match="frontend 'node': allowed python, rust, dynamo"):
         Deployment(mode="aggregated", arch="minimax-m3", concurrency=1, replica=replica,
                    frontend="node")
+
+
+@pytest.mark.slow
+def test_plan_and_serve_put_the_same_front_end_before_the_engines(cli):
+    # MiniMax M3 TP4 on B300, 4 agentx-v1 sessions behind vLLM's Python front end: `plan
+    # --deployment` reports what `serve` reports, and each request waits 3.15 us a prompt token
+    # in the front end (tokenization and template render) before an engine sees it
+    common = ("--arch", "minimax-m3", "--hardware", "b300", "--workload", "agentx-v1",
+              "--concurrency", "4", "--frontend", "python", "--json")
+    served = cli("serve", "--deployment", "tp4", *common)
+    planned = cli("plan", "--deployment", "tp4", *common)
+    assert served.code == 0 and planned.code == 0, (served.stderr, planned.stderr)
+    s, p = served.json, planned.json
+    assert s["deployment"]["engine"]["frontend"] == p["deployment"]["engine"]["frontend"] \
+        == "python"
+    assert p["p90_ttft_s"] == pytest.approx(s["p90_ttft_s"], rel=1e-9)
+    context = float(np.mean(request_mix_for(load_workload("agentx-v1")).context_tokens))
+    assert s["mean_frontend_s"] == pytest.approx(3.15e-6 * context, rel=1e-6)

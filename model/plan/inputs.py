@@ -15,7 +15,7 @@ from model.plan.search_cache import CacheSetup
 from model.plan.traffic import Traffic, traffic_for
 from model.serve.cache_replay import check_policy
 from model.serve.deployment import CacheChoice
-from model.serve.policy import EnginePolicy
+from model.serve.policy import EnginePolicy, frontend_rate_s_per_token
 from model.serve.request_mix import request_mix_for
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
@@ -45,6 +45,7 @@ class PlanInputs:
     setup: ServingSetup  # the full tier's
     beyond_window: str | None = None  # the assumption to report when requests pass the window
     cpu_offload_gib: float = 0.0  # weights per GPU each engine keeps in host memory
+    frontend: str | None = None  # the request front end (Deployment.frontend)
 
     @property
     def cache_inputs(self):
@@ -107,13 +108,15 @@ def setup_for(arch, hardware, workload, choices: ServingChoices, prefill_hardwar
 def resolve_inputs(arch, hardware, workload, choices: ServingChoices = ServingChoices(),
                    prefill_hardware=None,
                    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-                   traffic: Traffic | None = None, cpu_offload_gib: float = 0.0) -> PlanInputs:
+                   traffic: Traffic | None = None, cpu_offload_gib: float = 0.0,
+                   frontend: str | None = None) -> PlanInputs:
     """A plan's inputs: the serving setup plus the screening's traffic and cache inputs;
     `cpu_offload_gib`: weights per GPU each engine keeps in host memory (vLLM --cpu-offload-gb,
-    in GiB)."""
+    in GiB); `frontend`: the request front end (model.specs.defaults.FRONTENDS)."""
     if int(max_num_batched_tokens) < 1:
         raise ServecastError(f"max_num_batched_tokens={max_num_batched_tokens}: must be >= 1")
     offload = float(EnginePolicy(cpu_offload_gib=cpu_offload_gib).cpu_offload_gib)  # validated
+    frontend_rate_s_per_token(frontend)  # validated
     setup = setup_for(arch, hardware, workload, choices, prefill_hardware)
     a, w = setup.arch, setup.workload
     return PlanInputs(a, setup.hardware, setup.prefill_hardware, w, setup.precision,
@@ -123,7 +126,8 @@ def resolve_inputs(arch, hardware, workload, choices: ServingChoices = ServingCh
                       traffic or traffic_for(w, choices.hit_rate),
                       served_kv_bytes_per_token(a, setup.precision, setup.kv_dtype),
                       int(max_num_batched_tokens), setup,
-                      workload_within_window(a, w, choices.allow_beyond_window), offload)
+                      workload_within_window(a, w, choices.allow_beyond_window), offload,
+                      frontend)
 
 
 def workload_within_window(arch, workload, allow_beyond: bool = False) -> str | None:

@@ -161,7 +161,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
          cache_tiers=DEFAULT_TIERS, finite_cache: bool = True, recipe: bool = True,
          slo_p90_ttft_s: float | None = None, deployment: str | None = None,
          prefill_schedule_interval: int | None = None, pareto_points: int = 0,
-         allow_beyond_window: bool = False, cpu_offload_gib: float = 0.0) -> PlanResult:
+         allow_beyond_window: bool = False, cpu_offload_gib: float = 0.0,
+         frontend: str | None = None) -> PlanResult:
     """Search deployments of `arch` on `gpus` x `hardware` for `workload`; the best under the SLO.
 
     `slo_p90_ttft_s`: also require P90 TTFT at most this;
@@ -187,7 +188,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
     (else refused), and state it among the assumptions; `cpu_offload_gib`: weights per GPU every
     engine keeps in host memory (vLLM --cpu-offload-gb, model.perf.host_weights): plans whose
     weights fit only then become candidates, each step reads them over the host link, and the
-    KV pool takes the HBM they leave."""
+    KV pool takes the HBM they leave; `frontend`: the request front end the full tier puts before
+    the engines (Deployment.frontend; None: its tokenization alone)."""
     started = time.perf_counter()
     shape, gpus = _shape(deployment, gpus, modes)
     slo = _slo(slo_p90_interactivity, slo_p90_ttft_s, modes)
@@ -195,7 +197,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
                              recipe, cache_policy, tuple(cache_tiers), finite_cache, hit_rate,
                              allow_beyond_window=allow_beyond_window)
     inputs = resolve_inputs(arch, hardware, workload, choices, prefill_hardware,
-                            max_num_batched_tokens, traffic, cpu_offload_gib)
+                            max_num_batched_tokens, traffic, cpu_offload_gib, frontend)
     modes = (shape.mode,) if shape is not None else tuple(modes)
     fixed = None if concurrency is None else tuple(sorted({int(c) for c in concurrency}))
     grid = fixed or session_grid(gpus)
@@ -232,7 +234,7 @@ def peak_point(inputs: PlanInputs, candidates: pd.DataFrame, metric: str,
     concurrency where the screening peaks (`at_peak`), and the `known` points."""
     points = list(known)
     for curve in shortlist(candidates, Slo(0.0), count=count, rank_by=metric, reserve=0)[0]:
-        template = deployment_of(curve.iloc[0], inputs.arch.name, inputs.max_num_batched_tokens)
+        template = deployment_of(curve.iloc[0], inputs)
         points += at_peak(_evaluator(inputs, template), curve, metric)
     return max(points, key=lambda p: getattr(p, metric))
 
@@ -284,10 +286,11 @@ def _no_plan(inputs: PlanInputs, gpus: int, rejected: str) -> Infeasible:
         "weights in host memory (--cpu-offload-gb)")
 
 
-def deployment_of(row: pd.Series, arch_name: str, budget_tokens: int) -> Deployment:
-    """The deployment a screening row describes."""
-    common = {"arch": arch_name, "concurrency": int(row["concurrency"]),
-              "max_num_batched_tokens": budget_tokens,
+def deployment_of(row: pd.Series, inputs: PlanInputs) -> Deployment:
+    """The deployment a screening row describes, behind the plan's front end."""
+    common = {"arch": inputs.arch.name, "concurrency": int(row["concurrency"]),
+              "max_num_batched_tokens": inputs.max_num_batched_tokens,
+              "frontend": inputs.frontend,
               "long_prefill_token_threshold": int(row["threshold"]),
               "prefill_schedule_interval": int(row["interval"]),
               "cpu_offload_gib": float(row["_model"].step.cpu_offload_gib)}
@@ -328,7 +331,7 @@ def _choose(inputs: PlanInputs, cands: pd.DataFrame, slo: Slo, fixed, restricted
         if best is not None and float(curve.loc[near, "tpgs"].max()) < (1.0 - TPGS_MARGIN) \
                 * best[0].tpgs:
             continue
-        template = deployment_of(curve.iloc[0], inputs.arch.name, inputs.max_num_batched_tokens)
+        template = deployment_of(curve.iloc[0], inputs)
         evaluated += [(p, curve.iloc[0]) for p in at_slo(_evaluator(inputs, template), curve,
                                                          slo, fixed)]
         top = best_point([p for p, _ in evaluated], slo)
@@ -356,8 +359,7 @@ def _pareto_extra(inputs: PlanInputs, cands: pd.DataFrame, count: int) -> list[F
     if front.empty:
         return []
     pick = np.unique(np.linspace(0, len(front) - 1, min(count, len(front))).round().astype(int))
-    return [_evaluator(inputs, deployment_of(row, inputs.arch.name,
-                                             inputs.max_num_batched_tokens))(row["concurrency"])
+    return [_evaluator(inputs, deployment_of(row, inputs))(row["concurrency"])
             for _, row in front.iloc[pick].iterrows()]
 
 

@@ -50,6 +50,8 @@ ATTENTION_DP_HELP = ("--tp counts every GPU and --dp of them run attention data-
                      "(SGLang --enable-dp-attention; TensorRT-LLM enable_attention_dp: --dp "
                      "defaults to --tp)")
 REDUNDANT_HELP = "redundant experts (EPLB): experts + N must divide by --ep"
+FRONTEND_HELP = ("the request front end: python (vLLM's OpenAI server, which also renders the chat "
+                 "template), rust or dynamo; default: its tokenization alone")
 
 
 def estimate_cmd(

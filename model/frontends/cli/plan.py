@@ -8,6 +8,7 @@ import typer
 
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit_plain, positive
+from model.frontends.cli.perf import FRONTEND_HELP
 from model.specs.defaults import DEFAULT_API_MODEL, DEFAULT_SCENARIO, MAX_NUM_BATCHED_TOKENS, MODES
 
 PARETO_POINTS = 8  # full-tier points added along the screening's front with --pareto
@@ -73,6 +74,7 @@ def register(app: typer.Typer) -> None:
         cpu_offload_gb: float = typer.Option(
             0.0, "--cpu-offload-gb", min=0.0, help="Weights per GPU every engine keeps in host "
             "memory, in GiB as vLLM's flag counts them; read over the host link each step."),
+        frontend: str = typer.Option(None, "--frontend", help=FRONTEND_HELP),
         allow_beyond_window: bool = typer.Option(
             False, "--allow-beyond-window", help="Serve workload requests past the model's "
             "context window (extrapolated, stated in the assumptions)."),
@@ -91,7 +93,7 @@ def _plan_answer(arch: str, hardware: str, gpus: int | None, workload: str,
                  max_num_batched_tokens: int, concurrency: str | None, deployment: str | None,
                  mode: str | None, prefill_hardware: str | None, precision: str | None,
                  kv_dtype: str | None, cache_policy: str, cache_tiers: str, api_model: str,
-                 cost_basis: str, pareto: bool, cpu_offload_gb: float,
+                 cost_basis: str, pareto: bool, cpu_offload_gb: float, frontend: str | None,
                  allow_beyond_window: bool) -> dict:
     """The plan's answer (its contract, and the Pareto front with `pareto`) for the command's
     options."""
@@ -120,7 +122,8 @@ def _plan_answer(arch: str, hardware: str, gpus: int | None, workload: str,
                   deployment=deployment, prefill_schedule_interval=prefill_schedule_interval,
                   max_num_batched_tokens=max_num_batched_tokens,
                   pareto_points=PARETO_POINTS if pareto else 0,
-                  allow_beyond_window=allow_beyond_window, cpu_offload_gib=float(cpu_offload_gb))
+                  allow_beyond_window=allow_beyond_window, cpu_offload_gib=float(cpu_offload_gb),
+                  frontend=frontend)
     out = result.contract()
     if pareto:
         out["pareto"] = result.pareto.to_dict(orient="records")

@@ -9,7 +9,7 @@ import typer
 
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit, emit_plain, positive
-from model.frontends.cli.perf import ATTENTION_DP_HELP, REDUNDANT_HELP
+from model.frontends.cli.perf import ATTENTION_DP_HELP, FRONTEND_HELP, REDUNDANT_HELP
 from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
 from model.specs.errors import ServecastError
 
@@ -108,6 +108,7 @@ def register(app: typer.Typer) -> None:
         cpu_offload_gb: float = typer.Option(
             0.0, "--cpu-offload-gb", min=0.0, help="weights per GPU, in GiB as vLLM's flag counts "
             "them, kept in host memory and read over the host link every step"),
+        frontend: str = typer.Option(None, "--frontend", help=FRONTEND_HELP),
         slo_p90_interactivity: float = typer.Option(
             None, "--slo-p90-interactivity", callback=positive,
             help="also say whether P90 interactivity (tok/s per user) reaches this"),
@@ -157,7 +158,7 @@ def _serve_answer(arch: str, hardware: str, workload: str, concurrency: int | No
                   hit_rate: float | None, cache_policy: str, cache_tiers: str,
                   prefetch_reload: bool, infinite_cache: bool, long_prefill_token_threshold: int,
                   max_num_batched_tokens: int, max_num_seqs: int, prefill_schedule_interval: int,
-                  cpu_offload_gb: float,
+                  cpu_offload_gb: float, frontend: str | None,
                   slo_p90_interactivity: float | None, precision: str | None,
                   kv_dtype: str | None, tp: int, pp: int, dp: int, ep: int, moe_tp: int | None,
                   dcp: int, pcp: int, attention_dp: bool, redundant_experts: int,
@@ -181,7 +182,7 @@ def _serve_answer(arch: str, hardware: str, workload: str, concurrency: int | No
     out, setup, dep = _serve_deployment(
         arch, hardware, w, deployment, gpus, prefill_hardware, policy, load, cache,
         (precision, kv_dtype, spec_tokens, spec_acceptance, recipe), seed,
-        allow_beyond_window)
+        allow_beyond_window, frontend)
     if slo_p90_interactivity is not None:
         p90 = out["p90_interactivity_tok_s"]
         out["meets_slo"] = p90 is not None and p90 >= slo_p90_interactivity
@@ -214,11 +215,13 @@ def _replica_label(arch: str, degrees: tuple, attention_dp: bool, redundant_expe
 
 def _simulated(setup, dep, w, policy, load, duration_s: float, seed: int, hit_rate,
                cache: dict) -> dict:
-    """The discrete-event simulator on one replica of the deployment, with the step model and
-    hit rate the full tier used."""
+    """The discrete-event simulator on one replica of the deployment, with the step model, front
+    end and hit rate the full tier used."""
     from model.plan.evaluate import worker_step_model
+    from model.serve.policy import frontend_rate_s_per_token
     from model.serve.simulate import simulate
 
+    policy = replace(policy, frontend_s_per_prompt_token=frontend_rate_s_per_token(dep.frontend))
     if dep.mode != "aggregated" or dep.replica.instances != 1:
         raise ServecastError("serve: --simulate-s: the simulator runs one replica; give no "
                              "--deployment, or one replica (1x[plan])")
@@ -230,8 +233,8 @@ def _simulated(setup, dep, w, policy, load, duration_s: float, seed: int, hit_ra
 
 
 def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, policy, load,
-                      cache: dict, serving: tuple, seed: int, allow_beyond_window: bool
-                      ) -> dict:
+                      cache: dict, serving: tuple, seed: int, allow_beyond_window: bool,
+                      frontend: str | None = None) -> dict:
     """A whole deployment through the full tier, as `plan --deployment` evaluates it
     (model.plan.evaluate.evaluate_deployment)."""
     from model.plan.deployment import parse_deployment_label
@@ -260,7 +263,7 @@ def _serve_deployment(arch, hardware, w, label: str, gpus, prefill_hardware, pol
     for chip in {setup.hardware, setup.prefill_hardware}:
         require_nvme(chip, cache["tiers"], "--cache-tiers")
     concurrency = load.concurrency if isinstance(load, ClosedLoop) else 0
-    dep = labelled_deployment(shape, setup, concurrency, policy)
+    dep = labelled_deployment(shape, setup, concurrency, policy, frontend)
     served = evaluate_deployment(setup, dep, load)
     r = served.result
     out = {"arch": arch, "hardware": hardware, "workload": w.name, "gpus": dep.gpus,
