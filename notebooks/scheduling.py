@@ -174,20 +174,22 @@ if timeline:
 #
 # The chat API is stateless: each turn resends the whole conversation, and the API server renders
 # and tokenizes all of it before an engine sees the request. HF tokenizers take 43.7 ms for a
-# ~38K-token prompt (nsys-timed in TensorRT-LLM's front end), 1.15 us a token, so at AgentX
-# contexts the front end alone is a visible part of a warm turn's TTFT, whatever the threshold.
-# A deployment's evaluation (`servecast serve`, `plan`, `validate`) adds it to every request's
-# TTFT and to the session's gap as the engine sees it; the sweeps above are the engine alone.
+# ~38K-token prompt (nsys-timed in TensorRT-LLM's front end), 1.15 us a token. A Python front end
+# (vLLM's OpenAI server) also renders the chat template in Jinja2 over the whole conversation:
+# "hundreds of ms per request at ~100k-token chats" (TensorRT-LLM PR 16231), taken at its low end,
+# 2 us a token more (an assumption; `servecast serve --frontend python`). At AgentX contexts the
+# front end alone is a visible part of a warm turn's TTFT, whatever the threshold. A deployment's
+# evaluation (`servecast serve`, `plan`, `validate`) adds it to every request's TTFT and to the
+# session's gap as the engine sees it; the sweeps above are the engine alone.
 
 # %%
+from model.serve.policy import frontend_rate_s_per_token
 from model.serve.request_mix import request_mix_for
-from model.specs.defaults import FRONTEND_S_PER_PROMPT_TOKEN
 
-context = request_mix_for(w).context_tokens
-pd.DataFrame({"percentile": ["P50", "P90", "P99"],
-              "context_tokens": np.percentile(context, [50, 90, 99]).round(),
-              "front_end_s": (FRONTEND_S_PER_PROMPT_TOKEN
-                              * np.percentile(context, [50, 90, 99])).round(3)})
+context = np.percentile(request_mix_for(w).context_tokens, [50, 90, 99])
+pd.DataFrame({"percentile": ["P50", "P90", "P99"], "context_tokens": context.round(),
+              "tokenization_s": (frontend_rate_s_per_token(None) * context).round(3),
+              "python_front_end_s": (frontend_rate_s_per_token("python") * context).round(3)})
 
 # %%
 best_off, best_on = effect["off"] or {}, effect["on"] or {}
