@@ -134,3 +134,15 @@ def test_partial_chunks_share_a_step_when_a_prompt_waits():
 def test_disaggregated_settings_are_checked():
     with pytest.raises(ServecastError, match="long_prefill_token_threshold"):
         _serve(ClosedLoop(4), policy=EnginePolicy(8192, 256, 512))
+
+
+def test_leaving_out_the_e2e_law_changes_no_other_number():
+    # as model.serve.engine.serve: e2e=False drops only the E2E normalized interactivity
+    full, _ = _serve(ClosedLoop(4))
+    lean, _ = serve_pools(FIXED, POLICY, ClosedLoop(4), Workers(Affine(), 1),
+                          Workers(Affine(), 1), LINK, e2e=False)
+    full, lean = full.as_dict(), lean.as_dict()
+    # E2E per token of a fixed 8,192/1,024 request: at least its 1,023 decode steps of 20 ms
+    assert 1.0 / full.pop("e2e_interactivity_tok_s")["p50"] > 1023 * 0.02 / 1024
+    assert lean.pop("e2e_interactivity_tok_s") == {}
+    assert lean == full

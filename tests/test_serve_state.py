@@ -61,3 +61,15 @@ def test_serve_gives_the_same_answer_twice(threshold, load):
     first = serve(SM, w, pol, load, mix_size=4000).as_dict()
     serve(SM, w, pol.with_threshold(512 - threshold), ClosedLoop(8), mix_size=4000)
     assert serve(SM, w, pol, load, mix_size=4000).as_dict() == first
+
+
+def test_leaving_out_the_e2e_law_changes_no_other_number():
+    # serve(e2e=False) skips only the E2E normalized interactivity (model.serve.e2e_law): every
+    # other field is the one the full call reports, bit for bit, and the E2E field is empty
+    w = load_workload("agentx")
+    pol = EnginePolicy(8192, 256, 512)
+    full = serve(SM, w, pol, ClosedLoop(24), mix_size=4000).as_dict()
+    lean = serve(SM, w, pol, ClosedLoop(24), mix_size=4000, e2e=False).as_dict()
+    assert full.pop("e2e_interactivity_tok_s")["p90"] > 0
+    assert lean.pop("e2e_interactivity_tok_s") == {}
+    assert lean == full

@@ -48,10 +48,12 @@ def serving_setup(arch, hardware, prefill_hardware, workload, precision, kv_dtyp
 
 
 def evaluate_deployment(setup: ServingSetup, deployment: Deployment,
-                        load: Load | None = None) -> DeploymentServing:
+                        load: Load | None = None, *, e2e: bool = True) -> DeploymentServing:
     """The full tier for `deployment` (its plans, workers and engine settings) under `load`
-    (default: its concurrency as a closed loop of sessions)."""
-    return _evaluate(setup, _bare(deployment), load or ClosedLoop(int(deployment.concurrency)))
+    (default: its concurrency as a closed loop of sessions); `e2e=False` leaves out the E2E
+    normalized interactivity (model.serve.engine.serve)."""
+    return _evaluate(setup, _bare(deployment), load or ClosedLoop(int(deployment.concurrency)),
+                     e2e)
 
 
 def _bare(deployment: Deployment) -> Deployment:
@@ -60,7 +62,8 @@ def _bare(deployment: Deployment) -> Deployment:
 
 
 @functools.lru_cache(maxsize=1024)
-def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> DeploymentServing:
+def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load,
+              e2e: bool) -> DeploymentServing:
     # the deployment's engines behind their API server, which renders and tokenizes each
     # request's whole prompt before an engine sees it
     policy = EnginePolicy(deployment.max_num_batched_tokens, deployment.max_num_seqs,
@@ -72,7 +75,7 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
         replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True,
                                             policy), deployment.replica.instances)
         return serve_deployment(setup.workload, policy, load, replicas=replica,
-                                cache=setup.cache, seed=setup.seed)
+                                cache=setup.cache, seed=setup.seed, e2e=e2e)
     prefill = Workers(worker_step_model(setup, setup.prefill_hardware, deployment.prefill, False,
                                         policy), deployment.prefill.instances)
     decode = Workers(worker_step_model(setup, setup.hardware, deployment.decode, True, policy),
@@ -80,7 +83,7 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load) -> Deploy
     link = min(float(setup.prefill_hardware.scale_out_bandwidth_bytes_per_s),
                float(setup.hardware.scale_out_bandwidth_bytes_per_s))
     return serve_deployment(setup.workload, policy, load, prefill=prefill, decode=decode,
-                            link_bytes_per_s=link, cache=setup.cache, seed=setup.seed)
+                            link_bytes_per_s=link, cache=setup.cache, seed=setup.seed, e2e=e2e)
 
 
 def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool,

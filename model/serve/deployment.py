@@ -69,11 +69,13 @@ class CacheChoice:
 def serve_deployment(workload: Workload, policy: EnginePolicy, load: Load, *,
                      replicas: Workers | None = None, prefill: Workers | None = None,
                      decode: Workers | None = None, link_bytes_per_s: float | None = None,
-                     cache: CacheChoice = CacheChoice(), seed: int = 0) -> DeploymentServing:
+                     cache: CacheChoice = CacheChoice(), seed: int = 0,
+                     e2e: bool = True) -> DeploymentServing:
     """The full tier for `replicas` aggregated workers, or `prefill` + `decode` workers joined
-    by links of `link_bytes_per_s` per GPU, under `load` (the whole deployment's)."""
+    by links of `link_bytes_per_s` per GPU, under `load` (the whole deployment's); without
+    `e2e` the result leaves out the E2E normalized interactivity."""
     if replicas is not None and prefill is None and decode is None:
-        served = _aggregated(workload, policy, load, replicas, cache, seed)
+        served = _aggregated(workload, policy, load, replicas, cache, seed, e2e)
         return replace(served, assumptions=served.assumptions + _chains(workload, load, seed)
                        + _frontend(policy, served.result))
     if replicas is None and prefill is not None and decode is not None:
@@ -81,7 +83,8 @@ def serve_deployment(workload: Workload, policy: EnginePolicy, load: Load, *,
             raise ServecastError("disaggregated deployment: link_bytes_per_s: the KV hand-off "
                                  "link must be positive")
         result, sol = serve_pools(workload, policy, load, prefill, decode,
-                                  float(link_bytes_per_s), seed=seed, **cache.serve_kwargs())
+                                  float(link_bytes_per_s), seed=seed, e2e=e2e,
+                                  **cache.serve_kwargs())
         notes = ("disaggregated: prefill ranks FCFS on whole-budget chunks, sessions sticky to "
                  "a rank; only the turn's new KV moves; decode steps with the disaggregated "
                  "engine factor",) + _chains(workload, load, seed) + _frontend(policy, result)
@@ -117,9 +120,9 @@ def _chains(workload: Workload, load: Load, seed: int) -> tuple[str, ...]:
 
 
 def _aggregated(workload, policy, load, replicas: Workers, cache: CacheChoice,
-                seed: int) -> DeploymentServing:
+                seed: int, e2e: bool) -> DeploymentServing:
     r = replicas.count
-    kwargs = cache.serve_kwargs()
+    kwargs = {**cache.serve_kwargs(), "e2e": e2e}
     if isinstance(load, ClosedLoop):
         share, more = divmod(int(load.concurrency), r)
         parts = [(r - more, share), (more, share + 1)]

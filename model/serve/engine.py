@@ -142,8 +142,8 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
           hit_rate: float | None = None, slo_p90_interactivity: float | None = None,
           slo_ttft_s: float | None = None, dp_ranks: int | None = None, mix_size: int = MIX_SIZE,
           seed: int = 0, cache: CacheEffect | bool | None = None, cache_policy: str = "lru",
-          cache_tiers: tuple[str, ...] = ("hbm", "host"), prefetch_reload: bool = False
-          ) -> ServingResult:
+          cache_tiers: tuple[str, ...] = ("hbm", "host"), prefetch_reload: bool = False,
+          e2e: bool = True) -> ServingResult:
     """Closed-form serving of `workload` under `load` on one replica (`step_model`).
 
     `load`: ClosedLoop(concurrency) sessions for the replica, OpenLoop(rate) or TraceArrivals.
@@ -158,7 +158,9 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     a session profile, model.serve.cache_model gives the hit rate and the tier traffic of this
     replica's HBM pool plus `cache_tiers` under `cache_policy` at this load; lower-tier hits add
     their reload time to TTFT (less the gap before the request with `prefetch_reload`).
-    `cache=False`: the profile's own hit (an infinite per-session cache).
+    `cache=False`: the profile's own hit (an infinite per-session cache). `e2e=False` leaves
+    out the E2E normalized interactivity (`e2e_interactivity_tok_s` stays empty), a third of
+    the laws' time, for callers that read only TTFT, TPOT and throughput.
     """
     lanes_model, dp = (step_model, int(dp_ranks)) if dp_ranks else pipeline_lanes(step_model)
     if isinstance(load, TraceArrivals):
@@ -172,7 +174,7 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     eng = _engine(lanes_model, workload, _lane_policy(policy, dp_ranks, step_model), load, dp,
                   hit_rate, mix_size, seed, cache)
     try:
-        return _solved(eng, load, dp, policy, cache, slo_p90_interactivity, slo_ttft_s)
+        return _solved(eng, load, dp, policy, cache, slo_p90_interactivity, slo_ttft_s, e2e)
     except (np.linalg.LinAlgError, FloatingPointError, ZeroDivisionError) as err:
         # a singular chain, a fixed point that will not settle or a root bracket that collapsed
         # (a load far past any step the tables hold): a stated result, no number
@@ -190,7 +192,8 @@ def _lane_policy(policy: EnginePolicy, dp_ranks: int | None, step_model) -> Engi
 
 
 def _solved(eng: RankEngine, load: Load, dp: int, policy: EnginePolicy, cache,
-            slo_p90_interactivity: float | None, slo_ttft_s: float | None) -> ServingResult:
+            slo_p90_interactivity: float | None, slo_ttft_s: float | None,
+            e2e: bool = True) -> ServingResult:
     """The solved state and its laws (see `serve`)."""
     hit = eng.sample.hit_rate
     # request chains per rank: subagents running beside their parent add chains to a session
@@ -212,7 +215,8 @@ def _solved(eng: RankEngine, load: Load, dp: int, policy: EnginePolicy, cache,
         backlog_s = saturation_backlog_s(eng, st, x, n_rank)
         if backlog_s > SATURATION_TOLERANCE * n_rank / x:
             admit_wait, bounded = backlog_s, "prefill_saturation"
-    result = _laws(eng, st, x, n_rank, admit_wait, load, slo_p90_interactivity, slo_ttft_s)
+    result = _laws(eng, st, x, n_rank, admit_wait, load, slo_p90_interactivity, slo_ttft_s,
+                   e2e)
     if np.isnan([result["tpgs"], *result["ttft_s"].values(), *result["tpot_s"].values()]).any():
         return _unstable("unstable: the closed form gave NaN for TPGS or a percentile", hit,
                          policy)
@@ -249,8 +253,10 @@ def _engine(step_model, workload, policy: EnginePolicy, load: Load, dp: int,
 
 def _laws(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
           sessions_per_rank: float | None, admit_wait_s: float, load: Load,
-          slo_p90_interactivity: float | None, slo_ttft_s: float | None) -> dict:
-    """The result's distributions and throughputs at the solved state."""
+          slo_p90_interactivity: float | None, slo_ttft_s: float | None,
+          e2e: bool = True) -> dict:
+    """The result's distributions and throughputs at the solved state (the E2E law with
+    `e2e`)."""
     x, n_rank, admit_wait = rate_per_rank_rps, sessions_per_rank, admit_wait_s
     seen = decode_step_seen_s(eng, st, n_rank)
     ttft = ttft_law(st, admit_wait + st.prefill.extra_s)  # quantiles, backlog, SLO
@@ -258,7 +264,6 @@ def _laws(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
     ttft_q, ttft_mean = ttft_quantiles(ttft, ttft_dist)
     tpot = tpot_law(eng, st, x, n_rank, ttft_dist, seen)
     tpot_q = tpot_quantiles(tpot, st.mean_step_s)
-    e2e_q = e2e_interactivity(eng, ttft, tpot)
     x_rep = x * eng.dp
     c, o = eng.sample.context_tokens, eng.sample.output_tokens
     gpus = int(getattr(eng.step_model, "gpus", 1))
@@ -267,6 +272,8 @@ def _laws(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
     concurrency = (load.concurrency if isinstance(load, ClosedLoop)
                    else x_rep * (ttft_mean + eng.decode_time_s(st.mean_step_s)))
     names = [f"p{int(q * 100)}" for q in QUANTILES]
+    e2e_q = (dict(zip(names, map(float, e2e_interactivity(eng, ttft, tpot)), strict=True))
+             if e2e else {})
     q = eng.tokens_per_step
     good, attain = None, None
     if slo_p90_interactivity or slo_ttft_s:
@@ -283,7 +290,7 @@ def _laws(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
         concurrency=float(concurrency), decode_batch_per_rank=float(st.balance.decode_batch),
         prefill_step_share=float(st.balance.prefill_share), goodput_requests_per_s=good,
         slo_attainment=attain,
-        e2e_interactivity_tok_s={n: float(v) for n, v in zip(names, e2e_q, strict=True)})
+        e2e_interactivity_tok_s=e2e_q)
 
 
 def _slo_attainment(ttft_dist, tpot: TpotLaw, slo_steps_per_s: float | None,

@@ -525,10 +525,11 @@ def serve_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
                 decode: Workers, link_bytes_per_s: float, *, hit_rate: float | None = None,
                 cache: CacheEffect | bool | None = None, cache_policy: str = "lru",
                 cache_tiers: tuple[str, ...] = ("hbm", "host"), prefetch_reload: bool = False,
-                seed: int = 0) -> tuple[ServingResult, PoolSolution | None]:
+                seed: int = 0, e2e: bool = True) -> tuple[ServingResult, PoolSolution | None]:
     """Serve `workload` under `load` (ClosedLoop sessions or OpenLoop rate, the whole
     deployment's) on `prefill` + `decode` workers: serve()'s result fields for the deployment
-    (rates and TPGS of all its GPUs), and the operating point (None when unstable)."""
+    (rates and TPGS of all its GPUs; the E2E normalized interactivity with `e2e`), and the
+    operating point (None when unstable)."""
     pools = build_pools(workload, policy, load, prefill, decode, link_bytes_per_s, hit_rate,
                         cache, cache_policy, cache_tiers, prefetch_reload, seed)
     # request chains: subagents running beside their parent add chains to a session
@@ -543,7 +544,7 @@ def serve_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
     else:
         raise ServecastError("disaggregated deployment: load: allowed a closed loop of sessions "
                              "or an open request rate (no trace replay)")
-    return _result(pools, load, sol, sessions, policy), sol
+    return _result(pools, load, sol, sessions, policy, e2e), sol
 
 
 def _open_solution(pools: Pools, load: OpenLoop) -> PoolSolution | str:
@@ -556,15 +557,16 @@ def _open_solution(pools: Pools, load: OpenLoop) -> PoolSolution | str:
 
 
 def _result(pools: Pools, load: Load, sol: PoolSolution, sessions: float | None,
-            policy: EnginePolicy) -> ServingResult:
+            policy: EnginePolicy, e2e: bool = True) -> ServingResult:
     st = sol.state
     grid, pmf, wait, own = ttft_law(pools, load, sol, sessions)
     ttft = quantiles_from_pmf(pmf, grid, QUANTILES)
     sd = step_sd_s(pools, st, sessions)
     decoding = pools.decode_steps > 0
     tpot = mixture_quantiles(st.decode_step_s, sd[decoding]) / pools.tokens_per_step
-    e2e = e2e_per_token_quantiles(pools, wait, grid[1], own, st.decode_step_s, sd)
     names = [f"p{int(q * 100)}" for q in QUANTILES]
+    e2e_q = ({n: 1.0 / float(v) for n, v in zip(names, e2e_per_token_quantiles(
+        pools, wait, grid[1], own, st.decode_step_s, sd), strict=True)} if e2e else {})
     rate = st.rate_rps
     return ServingResult(
         stable=True, reason="", ttft_s=dict(zip(names, map(float, ttft), strict=True)),
@@ -582,7 +584,7 @@ def _result(pools: Pools, load: Load, sol: PoolSolution, sessions: float | None,
         cache=pools.cache.summary() if pools.cache else None,
         mean_reload_s=float(pools.reload_s.mean()),
         mean_frontend_s=float(pools.frontend_s.mean()),
-        e2e_interactivity_tok_s={n: 1.0 / float(v) for n, v in zip(names, e2e, strict=True)})
+        e2e_interactivity_tok_s=e2e_q)
 
 
 def _unstable(reason: str, pools: Pools, policy: EnginePolicy) -> ServingResult:

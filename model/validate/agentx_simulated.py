@@ -64,7 +64,7 @@ def simulate_run(g: dict, concurrency: int, seed: int = SEED) -> dict:
         return {"skip_reason": NOT_AGGREGATED}
     try:
         setup, deployment, policy = _setup(g, concurrency)
-        full = evaluate_deployment(setup, deployment).result
+        full = evaluate_deployment(setup, deployment, e2e=False).result
     except Exception as err:  # one run's failure must not sink the table; it is reported
         return {"skip_reason": f"{type(err).__name__}: {err}"}
     if not full.stable:
