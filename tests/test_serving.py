@@ -340,7 +340,7 @@ def test_dep8_fcfs_tpot_law_keeps_its_spread_where_runs_cover_every_slot(session
     from model.validate.agreement import dsv4_dep8_b300
 
     r = serve(dsv4_dep8_b300(), load_workload(SIMULATED_V1),
-              EnginePolicy(prefill_schedule_interval=8), ClosedLoop(sessions))
+              EnginePolicy(prefill_schedule_interval=8), ClosedLoop(sessions), e2e=False)
     assert r.tpot_s["p50"] == pytest.approx(p50, rel=0.05)
     assert r.tpot_s["p90"] == pytest.approx(p90, rel=0.10)
     assert r.tpot_s["p99"] == pytest.approx(p99, rel=p99_rel)
@@ -356,7 +356,7 @@ def test_threshold_prompts_at_a_cadence_pay_whole_admitting_steps():
     from model.validate.agreement import BY_NAME
 
     sc = BY_NAME["dsv4-dep8-pop64-n256-t512-iv8"]
-    r = serve(*sc.build(), sc.load)
+    r = serve(*sc.build(), sc.load, e2e=False)
     assert r.ttft_s["p50"] == pytest.approx(0.961, rel=0.08)
 
 
@@ -370,8 +370,8 @@ def test_fcfs_dep8_throughput_grows_with_sessions_near_saturation():
     from model.validate.agreement import dsv4_dep8_b300
 
     sm, w = dsv4_dep8_b300(), load_workload(SIMULATED_V1)
-    tpgs = [serve(sm, w, EnginePolicy(prefill_schedule_interval=8), ClosedLoop(n)).tpgs
-            for n in (575, 650, 767)]
+    tpgs = [serve(sm, w, EnginePolicy(prefill_schedule_interval=8), ClosedLoop(n),
+                  e2e=False).tpgs for n in (575, 650, 767)]
     assert tpgs[0] < tpgs[1] < tpgs[2]
     assert tpgs[1] == pytest.approx(101.8e3, rel=0.02)
 

@@ -313,8 +313,8 @@ def sweep(step_model, workload: Workload, policy: EnginePolicy, concurrencies, *
           seed: int = 0, cache: CacheEffect | bool | None = None, cache_policy: str = "lru",
           cache_tiers: tuple[str, ...] = ("hbm", "host"), prefetch_reload: bool = False
           ) -> pd.DataFrame:
-    """Closed-loop serving at each concurrency: one row per point (unstable rows kept); the
-    keywords are serve's."""
+    """Closed-loop serving at each concurrency: one row per point (unstable rows kept, no E2E
+    law: the rows carry none); the keywords are serve's."""
     import pandas as pd
 
     rows = []
@@ -322,7 +322,7 @@ def sweep(step_model, workload: Workload, policy: EnginePolicy, concurrencies, *
         r = serve(step_model, workload, policy, ClosedLoop(int(n)), hit_rate=hit_rate,
                   dp_ranks=dp_ranks, mix_size=mix_size, seed=seed, cache=cache,
                   cache_policy=cache_policy, cache_tiers=cache_tiers,
-                  prefetch_reload=prefetch_reload)
+                  prefetch_reload=prefetch_reload, e2e=False)
         rows.append({"concurrency": int(n), "stable": r.stable, "reason": r.reason,
                      "tpgs": r.tpgs, "p90_interactivity_tok_s": r.interactivity_tok_s["p90"],
                      "p50_interactivity_tok_s": r.interactivity_tok_s["p50"],
