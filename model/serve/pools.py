@@ -32,8 +32,7 @@ Per request i of the mix (context c_i, uncached u_i, output o_i, gap z_i), with 
   with n_D the sessions per decode rank (1 + b with open arrivals). The batch stops at
   b_cap = min(max_num_seqs, KV pool / E[c + o]) per rank; there the batch is always full
   (T_seen = T(b_cap)) and the sessions beyond it wait for admission.
-- TTFT_i = F_i + reload_i + W + S_i(rho) + H_i + T_seen (the first decode step) (+ the admission
-  wait), F_i the front end's render and tokenization (EnginePolicy.frontend_s), part of the gap.
+- TTFT_i = F_i (front end) + reload_i + W + S_i(rho) + H_i + T_seen (+ the admission wait).
 - Closed loop: N = X (Z_eff + E[TTFT] + E[w] T_seen), Z_eff the mean gap under the system idle
   cap at N lanes; solved for X by Brent's method below prefill saturation and the decode cap.
 - TPOT: T_seen plus the decode batch's fluctuation over the request's window: the per-rank batch
@@ -528,8 +527,7 @@ def serve_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: W
                 seed: int = 0, e2e: bool = True) -> tuple[ServingResult, PoolSolution | None]:
     """Serve `workload` under `load` (ClosedLoop sessions or OpenLoop rate, the whole
     deployment's) on `prefill` + `decode` workers: serve()'s result fields for the deployment
-    (rates and TPGS of all its GPUs; the E2E normalized interactivity with `e2e`), and the
-    operating point (None when unstable)."""
+    (all its GPUs; E2E with `e2e`), and the operating point (None when unstable)."""
     pools = build_pools(workload, policy, load, prefill, decode, link_bytes_per_s, hit_rate,
                         cache, cache_policy, cache_tiers, prefetch_reload, seed)
     # request chains: subagents running beside their parent add chains to a session
