@@ -48,7 +48,7 @@ def test_heldout_nccl_all_reduce():
 
 def test_stored_fits_carry_provenance_and_heldout_error():
     table = kernels.fitted_table()
-    assert set(table) == {"h100_sxm", "h200_sxm", "b200_sxm"}
+    assert set(table) == {"h100_sxm", "h200_sxm", "b200_sxm", "cdna3_304cu"}
     for chip, classes in table.items():
         for op_class, by_key in classes.items():
             for key, entry in by_key.items():
@@ -195,3 +195,18 @@ def test_weight_only_mxfp4_moe_on_hopper_is_marlin_at_bf16_rate():
     assert float(hbm_bytes) == pytest.approx(weights, rel=0.01)
     entry = kernels.fitted_table()["h200_sxm"]["moe"]["mxfp4_w4a16"]
     assert entry["heldout_median_ape"] <= 0.12  # 0.104 measured (kernel_report.md)
+
+
+def test_cdna3_moe_table_is_aiters_tuned_times():
+    # data/calibration/ops/cdna3_304cu/moe.parquet (model.fit.aiter_moe): ROCm/aiter
+    # a8w8_blockscale_tuned_fmoe_ds_v3.csv @e4048607, cu_num 304, 16384 tokens, model_dim 7168,
+    # inter_dim 2048, 33 experts, top 9, per_1x128 fp8: us 13796.9 (941.37 TFLOP/s in its
+    # tflops column = 2 * 16384 * 9 * 3 * 7168 * 2048 FLOPs / 13796.9 us)
+    df = T.table("cdna3_304cu", "moe")
+    row = df[(df.num_tokens == 16384) & (df.hidden_size == 7168) & (df.inter_size == 2048)]
+    assert row.moe_dtype.tolist() == ["fp8_block"]
+    assert row.latency.iloc[0] == pytest.approx(13.7969, rel=1e-6)
+    flops = 2 * 16384 * 9 * 3 * 7168 * 2048
+    assert flops / (row.latency.iloc[0] * 1e-3) / 1e12 == pytest.approx(941.37, rel=1e-4)
+    assert set(df.distribution) == {"uniform_random"} == {T.moe_distribution("cdna3_304cu")}
+

@@ -44,12 +44,13 @@ from model.fit.kernel_report import REPORT_MD, report_markdown, stored_rows
 from model.fit.kernel_tables import (
     CHIPS,
     DATASET,
-    MOE_DISTRIBUTION,
     chip_spec,
     dtypes_in,
     gemm_samples,
     gqa_samples,
+    has_table,
     kda_samples,
+    moe_distribution,
     moe_dtypes,
     moe_samples,
 )
@@ -65,6 +66,10 @@ COMM_TABLES = {"nccl": "nccl", "custom": "custom_allreduce", "deepep": "moe_a2a"
 def sample_sets(chip: str, gemm_fits: dict | None = None) -> Iterator[tuple[str, str, Callable]]:
     """Yield (op_class, key, builder) for every fittable table slice of a chip. Module
     builders need the chip's GEMM fits (passed in once those are done)."""
+    if not has_table(chip, "gemm"):  # a die measured in the MoE table only (PARTIAL_TABLES)
+        for dt in moe_dtypes(chip):
+            yield "moe", dt, (lambda dt=dt: moe_samples(chip, dt))
+        return
     for dt in dtypes_in(chip, "gemm", "gemm_dtype"):
         yield "gemm", dt, (lambda dt=dt: gemm_samples(chip, dt))
     for dt in moe_dtypes(chip):
@@ -84,6 +89,8 @@ def sample_sets(chip: str, gemm_fits: dict | None = None) -> Iterator[tuple[str,
 
 
 def comm_sets(chip: str) -> Iterator[tuple[str, str, Callable]]:
+    if not has_table(chip, "nccl"):
+        return
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         yield f"collective.{op}", "nccl", (lambda op=op: comm_samples(chip, op, "nccl"))
     yield "collective.all_reduce", "custom", (lambda: comm_samples(chip, "all_reduce", "custom"))
@@ -149,7 +156,7 @@ def _fit_kernels(chip: str, entries: dict, rows: list, heldout: bool, log) -> No
             row = {"chip": chip, "op_class": op_class, "key": key, "rows": len(s.time_s),
                    **({} if errors is None else _summary(errors))}
             if op_class == "moe":
-                entry["distribution"] = MOE_DISTRIBUTION
+                entry["distribution"] = moe_distribution(chip)
                 if heldout:
                     by_dist = moe_heldout_by_distribution(chip, key)
                     entry["heldout_median_ape_by_distribution"] = by_dist
@@ -183,7 +190,9 @@ def calibrate_chip(chip: str, heldout: bool = True, log=print, reuse: dict | Non
     entries, rows = _reused(chip, reuse, missing_only)
     if not reuse or missing_only:
         _fit_kernels(chip, entries, rows, heldout, log)
-    bf16 = entries["gemm"]["bf16"]
+    bf16 = entries.get("gemm", {}).get("bf16")
+    if bf16 is None:  # a die measured in the MoE table only
+        return entries, rows
     entries["memory"] = entries.get("memory") or {"bf16": {
         "compute_efficiency_max": 1.0, "half_tokens": 1.0, "overhead_s": 0.0,
         "memory_efficiency": bf16["memory_efficiency"],

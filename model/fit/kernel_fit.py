@@ -13,9 +13,9 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from model.fit.kernel_tables import (
-    MOE_DISTRIBUTION,
-    MOE_DISTRIBUTIONS,
     Samples,
+    moe_distribution,
+    moe_distributions,
     moe_group_keys,
     moe_samples,
 )
@@ -107,17 +107,18 @@ def heldout_ape(s: Samples, folds: int = FOLDS, seed: int = SEED) -> np.ndarray:
 
 def moe_heldout_by_distribution(chip: str, dtype_name: str, folds: int = FOLDS,
                                 seed: int = SEED) -> dict:
-    """Held-out median APE of the MoE curve (fitted on MOE_DISTRIBUTION) on every routing
-    distribution: K-fold over layer shapes, each fold's fit predicting the held-out shapes'
-    rows of each distribution."""
+    """Held-out median APE of the MoE curve (fitted on the chip's moe_distribution) on every
+    routing distribution its table times: K-fold over layer shapes, each fold's fit predicting
+    the held-out shapes' rows of each distribution."""
     fit_s = moe_samples(chip, dtype_name)
-    others = {d: moe_samples(chip, dtype_name, d) for d in MOE_DISTRIBUTIONS}
+    others = {d: moe_samples(chip, dtype_name, d) for d in moe_distributions(chip)}
     keys = moe_group_keys(chip, dtype_name)
     groups = np.unique(fit_s.group)
     fold_of = group_folds(groups, folds, seed)
-    errors = {d: [] for d in MOE_DISTRIBUTIONS}
+    errors = {d: [] for d in others}
+    fitted_on = moe_distribution(chip)
     for f in range(min(folds, len(groups))):
-        held = {keys[MOE_DISTRIBUTION][g] for g in groups if fold_of[g] == f}
+        held = {keys[fitted_on][g] for g in groups if fold_of[g] == f}
         theta = fit(fit_s.subset(np.array([fold_of[g] != f for g in fit_s.group])))
         for d, s in others.items():
             mask = np.array([keys[d][g] in held for g in s.group])

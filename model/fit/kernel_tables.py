@@ -1,7 +1,8 @@
 """The measured kernel tables, reduced to the roofline's inputs (`Samples`) per op class and chip.
 
 Data: `data/calibration/ops/<chip>/*.parquet` (aiconfigurator-core 0.12.0 silicon tables, vLLM
-0.24.0 kernels; data/calibration/ops/README.md gives units and conventions). For every measured
+0.24.0 kernels; the CDNA3 MoE table from AITER, model.fit.aiter_moe;
+data/calibration/ops/README.md gives units and conventions). For every measured
 shape the fastest kernel wins (the engine picks its best kernel). The attention module tables
 (MLA, DSV4 CSA/HCA, MSA) are read by `model.fit.attention_modules`, the collective tables by
 `model.fit.comm_fit`.
@@ -22,8 +23,13 @@ from model.specs.hardware import Hardware, load_hardware
 from model.specs.layers import Attention
 
 OPS_DIR = ROOT / "data" / "calibration" / "ops"
-CHIPS = MEASURED_CHIPS
-DATASET = "aiconfigurator-core 0.12.0 silicon tables (vLLM 0.24.0 kernels), data/calibration/ops"
+# Tables of a chip measured in some op classes only -> the hardware spec their rows are
+# reduced with: cdna3_304cu is the MI300X / MI325X die's MoE table from AITER's tuner
+# (model.fit.aiter_moe); its chips read its curves through `kernel_tables` in hardware/*.yaml.
+PARTIAL_TABLES = {"cdna3_304cu": "mi300x"}
+CHIPS = MEASURED_CHIPS + tuple(PARTIAL_TABLES)
+DATASET = ("aiconfigurator-core 0.12.0 silicon tables (vLLM 0.24.0 kernels) and AITER's tuned "
+           "fused-MoE times (cdna3_304cu), data/calibration/ops")
 
 # Table dtype names -> model.specs.dtypes names.
 DTYPE = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4",
@@ -32,7 +38,11 @@ DTYPE = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "n
 
 def chip_spec(chip: str) -> Hardware:
     """The Hardware spec of a measured chip (hardware/*.yaml; `h100_sxm` etc. are aliases)."""
-    return load_hardware(chip)
+    return load_hardware(PARTIAL_TABLES.get(chip, chip))
+
+
+def has_table(chip: str, name: str) -> bool:
+    return (OPS_DIR / chip / f"{name}.parquet").exists()
 
 
 @cache
@@ -154,6 +164,19 @@ MOE_DISTRIBUTION = "power_law_1.01"
 MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
 
 
+def moe_distribution(chip: str) -> str:
+    """The routing distribution a chip's MoE curves are fitted on: MOE_DISTRIBUTION where the
+    table times it, else the one it has (AITER's tuner routes uniformly random tokens)."""
+    have = set(table(chip, "moe").distribution.unique())
+    return MOE_DISTRIBUTION if MOE_DISTRIBUTION in have else sorted(have)[0]
+
+
+def moe_distributions(chip: str) -> list[str]:
+    """The routing distributions a chip's MoE table times."""
+    have = set(table(chip, "moe").distribution.unique())
+    return [d for d in MOE_DISTRIBUTIONS if d in have] or sorted(have)
+
+
 def moe_rows(chip: str, dtype_name: str) -> pd.DataFrame:
     """The chip's MoE table rows that define `dtype_name`'s curve (all routing distributions)."""
     df = table(chip, "moe")
@@ -194,7 +217,7 @@ def moe_samples(chip: str, dtype_name: str, distribution: str | None = None) -> 
     """MoE rows of one dtype (`distribution`: routing distribution, default MOE_DISTRIBUTION)."""
     hw = chip_spec(chip)
     df = moe_rows(chip, dtype_name)
-    df = best_kernel(df[df.distribution == (distribution or MOE_DISTRIBUTION)], MOE_KEYS)
+    df = best_kernel(df[df.distribution == (distribution or moe_distribution(chip))], MOE_KEYS)
     weight, act, peak = gemm_operands(dtype_name, hw)
     ep = df.moe_ep_size.to_numpy(float)
     flops, hbm_bytes, rows = roofline.moe_flops_bytes(
@@ -211,7 +234,7 @@ def moe_group_keys(chip: str, dtype_name: str) -> dict:
     distribution, mapped to the shape they stand for (ids differ between distributions)."""
     out = {}
     df = moe_rows(chip, dtype_name)
-    for d in MOE_DISTRIBUTIONS:
+    for d in moe_distributions(chip):
         sub = best_kernel(df[df.distribution == d], MOE_KEYS)
         ids = shape_groups(sub, MOE_KEYS[1:])
         shapes = list(sub[MOE_KEYS[1:]].itertuples(index=False, name=None))

@@ -60,13 +60,17 @@ def measured_tables(chip: str, entries: dict) -> Iterator[tuple[str, str, pd.Dat
 
 
 def table_runs(chip: str, op_class: str, key: str, rows: pd.DataFrame) -> list[dict]:
-    """One run per shape group and load band of a table slice."""
+    """One run per shape group and load band of a table slice (a die's partial table is
+    sliced under the chip whose spec its rows are reduced with)."""
+    from model.fit.kernel_tables import PARTIAL_TABLES
+
     logs = rows.assign(measured=np.log(rows.measured_s), predicted=np.log(rows.predicted_s))
     agg = logs.groupby(["group", "band"], sort=True).agg(
         rows=("measured", "size"), measured=("measured", "mean"), predicted=("predicted", "mean"))
     parts = op_class.split(".")
     phase = parts[2] if parts[0] == "attention" else None
-    base = run_slice(chip, None, None, phase, None, {"op": op_class, "format": key})
+    base = run_slice(PARTIAL_TABLES.get(chip, chip), None, None, phase, None,
+                     {"op": op_class, "format": key})
     return [run_record(f"{chip}/{op_class}/{key}/group{g}/{band}",
                        {METRIC: float(np.exp(r.measured))}, {METRIC: float(np.exp(r.predicted))},
                        None, base | {"load_band": band}, {"table_rows": int(r.rows)})

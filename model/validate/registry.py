@@ -35,12 +35,15 @@ SETS = (
                 held_out="model.validate.check:calibration_held_out"),
     MeasuredSet("kernels", "model.validate.kernels:kernel_runs",
                 "aiconfigurator-core 0.12.0 silicon tables (vLLM 0.24.0 kernels; NCCL through "
-                "the TRT-LLM harness), data/calibration/ops; the kernel curves are fitted on "
+                "the TRT-LLM harness) and, for the MI300X / MI325X die's MoE, AITER's tuned "
+                "fused-MoE times (ROCm/aiter @e4048607), data/calibration/ops; the kernel "
+                "curves are fitted on "
                 "them (data/calibration/kernels.yaml): in-sample, held-out below. A run is one "
                 "shape group in one load band, its time the geometric mean of its rows "
                 "(model.validate.kernels)",
                 "data/calibration/ops",
-                date="not stated by the tables (aiconfigurator-core 0.12.0 package data)",
+                date="not stated by the aiconfigurator tables (0.12.0 package data); AITER "
+                     "configurations as of its commit of 2026-08-22",
                 held_out="model.validate.kernels:kernel_held_out"),
     MeasuredSet("inferencex-agentx", "model.validate.agentx:agentx_runs",
                 "SemiAnalysis InferenceX AgentX runs (benchmark API export; provenance in "
