@@ -12,6 +12,11 @@ by `python -m model.fit.calibrate` on `data/calibration/ops/` and stored in
 `attention.<family>.<phase>` (family gqa | mla | csa | hca | msa | linear; phase prefill |
 decode), `memory`.
 
+A chip whose die has measured tables for some op classes (`kernel_tables` in hardware/*.yaml:
+MI300X and MI325X have AITER's tuned fused-MoE times) takes the efficiencies of those fits for
+them, with the transferred fixed per-call costs where larger (the die table times the GEMM
+stages, not the whole layer), and the transfer rule below for the rest.
+
 Transfer rule (chips without measurements, e.g. B300, GB300, MI355X, Rubin, TPU): take the
 curves of `hw.calibration_reference` (h100_sxm | h200_sxm | b200_sxm) and rescale the compute
 ceiling by the ratio of the two chips' sourced MAMF efficiencies (measured best-shape GEMM
@@ -105,17 +110,19 @@ def _entry_params(entry: dict, source: str) -> KernelParams:
                         source)
 
 
-def _lookup(chip: str, op_class: str, rate: str) -> tuple[KernelParams, str] | None:
+def _lookup(chip: str, op_class: str, rate: str,
+            same_rate_only: bool = False) -> tuple[KernelParams, str] | None:
     by_class = fitted_table().get(chip, {}).get(op_class)
     if not by_class:
         return None
     if rate in by_class:
         return _entry_params(by_class[rate], f"fitted:{chip}"), rate
     # A format the chip was not measured in: the measured format of the same rate class
-    # (e.g. mxfp4 -> nvfp4), else bf16, else whatever exists.
+    # (e.g. mxfp4 -> nvfp4), else (`same_rate_only` False) bf16, else whatever exists.
     want = _rate_or_none(rate)
     same = [k for k in by_class if want is not None and _rate_or_none(k) == want]
-    for alt in same + ["bf16", "fp8", "fp8_block", "nvfp4"] + list(by_class):
+    others = [] if same_rate_only else ["bf16", "fp8", "fp8_block", "nvfp4"] + list(by_class)
+    for alt in same + others:
         if alt in by_class:
             return _entry_params(by_class[alt], f"fitted:{chip}:{alt}"), alt
     return None
@@ -158,15 +165,30 @@ def reference_mamf(chip: str) -> dict:
 def params_for(hw, op_class: str, rate: str) -> KernelParams:
     """Efficiency curve for `op_class` at `rate` on chip `hw` (fitted, transferred or default)."""
     return _params_cached(measured_chip(hw), str(hw.calibration_reference or ""),
-                          tuple(sorted((hw.mamf_efficiency or {}).items())), op_class, rate)
+                          tuple(sorted((hw.mamf_efficiency or {}).items())), op_class, rate,
+                          str(getattr(hw, "kernel_tables", "") or ""))
 
 
 @lru_cache(maxsize=4096)
 def _params_cached(chip: str, reference: str, target_mamf: tuple, op_class: str,
-                   rate: str) -> KernelParams:
+                   rate: str, die_tables: str = "") -> KernelParams:
     if chip:
         found = _lookup(chip, op_class, rate)
         return found[0] if found is not None else default_params(op_class, rate)
+    transferred = _transferred(reference, target_mamf, op_class, rate)
+    # the chip's own die measured this op class at this rate (hw.kernel_tables)
+    found = _lookup(die_tables, op_class, rate, same_rate_only=True) if die_tables else None
+    if found is None:
+        return transferred
+    # A die table times the kernels (AITER's tuner: the two GEMM stages of a fused MoE), not
+    # the engine's whole layer with its token sort: its curve sets the efficiencies, the
+    # reference's whole-layer fit keeps the fixed per-call and per-row costs where larger.
+    return replace(found[0], overhead_s=max(found[0].overhead_s, transferred.overhead_s),
+                   per_row_s=max(found[0].per_row_s, transferred.per_row_s))
+
+
+def _transferred(reference: str, target_mamf: tuple, op_class: str, rate: str) -> KernelParams:
+    """The reference chip's curve with its compute ceiling moved by the MAMF ratio."""
     ref = reference.lower().replace("-", "_")
     if ref not in MEASURED_CHIPS:
         return default_params(op_class, rate)

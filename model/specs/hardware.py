@@ -97,6 +97,14 @@ class CalibrationReference(Strict):
     reason: str
 
 
+class KernelTables(Strict):
+    """Measured op tables of this chip's die that take precedence over the transfer from
+    `calibration_reference` for the op classes they time (data/calibration/ops/<value>/)."""
+
+    value: Literal["cdna3_304cu"]
+    reason: str
+
+
 class HardwareFile(Strict):
     """The on-disk schema of `hardware/<name>.yaml`."""
 
@@ -106,6 +114,7 @@ class HardwareFile(Strict):
     system: str
     status: Literal["shipping", "pre-release", "cloud-only"]
     calibration_reference: CalibrationReference
+    kernel_tables: KernelTables | None = None
     peak_flops: dict[Literal["fp32", "bf16", "fp8", "fp4", "int8"], Quantity]
     fp4_formats: list[Literal["nvfp4", "mxfp4"]]
     hbm_capacity_usable: Quantity
@@ -173,6 +182,7 @@ class Hardware(BaseModel):
     mamf_efficiency: dict[str, float]
     calibration_reference: str
     calibration_reason: str
+    kernel_tables: str
     notes: tuple[str, ...]
     sources: dict[str, Source]
     provenance: dict[str, FieldSource]
@@ -341,7 +351,9 @@ def _build(path: Path, spec: HardwareFile) -> Hardware:
         status=spec.status, peak_flops_per_s=peaks, fp4_formats=tuple(spec.fp4_formats),
         rental_usd_per_gpu_hour=(low, high), mamf_efficiency=mamf,
         calibration_reference=spec.calibration_reference.value,
-        calibration_reason=spec.calibration_reference.reason, notes=tuple(spec.notes),
+        calibration_reason=spec.calibration_reference.reason,
+        kernel_tables=spec.kernel_tables.value if spec.kernel_tables else "",
+        notes=tuple(spec.notes),
         sources=_cited(provenance, tuple(spec.notes), table), provenance=provenance,
         path=str(path), **values)
 
