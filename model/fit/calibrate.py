@@ -59,7 +59,8 @@ from model.specs.hardware import load_hardware
 from model.specs.layers import Attention
 
 MIN_ROWS = 30
-TRANSFER_PAIRS = (("h100_sxm", "h200_sxm"), ("h100_sxm", "b200_sxm"), ("h200_sxm", "b200_sxm"))
+TRANSFER_PAIRS = (("h100_sxm", "h200_sxm"), ("h100_sxm", "b200_sxm"), ("h200_sxm", "b200_sxm"),
+                  ("h200_sxm", "cdna3_304cu"))  # the rule every other op class of MI300X follows
 COMM_TABLES = {"nccl": "nccl", "custom": "custom_allreduce", "deepep": "moe_a2a"}
 
 

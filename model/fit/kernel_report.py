@@ -108,7 +108,11 @@ REPORT_NOTES = """## Notes and known weaknesses
   tuner kept for its best fused-MoE kernel per layer shape (model.fit.aiter_moe). They time the
   two GEMM stages, not the token sort and activation quantization around them, and route
   uniformly random tokens, so this curve carries no expert-imbalance penalty; every other op
-  class of those chips is transferred from H200.
+  class of those chips is transferred from H200. The H200 -> cdna3_304cu transfer row compares
+  H200's power_law_1.01 fit with those uniform-routing times: at DeepSeek-like layers (256
+  experts, EP8, 16,384 tokens) H200's own power-law rows take 1.47x its balanced ones, so part
+  of that row's ratio is routing, not the die; at Mixtral's 8 experts the two distributions time
+  within 5% of each other from 2,048 tokens up (h200_sxm moe.parquet, fp8_block).
 - Block-scaled fp8 GEMM (`fp8_block`) micro-benchmarks have a 60-190 us floor at every shape
   that the same kernels do not pay inside the measured attention modules (the whole DeepSeek-V3
   MLA block with five such GEMMs runs in 0.15 ms at batch 1): the fit keeps the floor (so the
