@@ -197,6 +197,34 @@ def test_weight_only_mxfp4_moe_on_hopper_is_marlin_at_bf16_rate():
     assert entry["heldout_median_ape"] <= 0.12  # 0.104 measured (kernel_report.md)
 
 
+def test_mxfp8_experts_on_hopper_take_marlins_curve_with_their_own_bytes():
+    # MXFP8 experts on a chip without MX tensor cores run vLLM's Marlin MXFP8 MoE (MiniMax M3
+    # release post, vllm-project/vllm-project.github.io pull 242): 8-bit weights with one E8M0
+    # scale per 32 (8.25 bits, OCP MX v1.0), BF16 math. No table times it; the efficiencies are
+    # those of the Marlin kernel the tables time at 4.25 bits (mxfp4_w4a16), the bytes its own.
+    from model.perf.roofline import compute_rate, lookup_dtype, moe_time_s
+    from model.specs.hardware import load_hardware
+    h200 = load_hardware("h200-sxm")
+    assert lookup_dtype("mxfp8_w8a16").bits == 8.25
+    assert compute_rate("mxfp8_w8a16", h200) == ("bf16", pytest.approx(989.4e12))
+    eight = kernels.params_for(h200, "moe", "mxfp8_w8a16")
+    four = kernels.params_for(h200, "moe", "mxfp4_w4a16")
+    assert (eight.compute_efficiency_max, eight.memory_efficiency, eight.overhead_s) == (
+        four.compute_efficiency_max, four.memory_efficiency, four.overhead_s)
+    # 256 tokens through MiniMax M3's experts on one GPU (hidden 6144, inter 3072, top 4 of 128,
+    # no TP/EP): 8 tokens per expert, so the 128 experts' weights are streamed once (8.25 bits),
+    # BF16 activations in (6144 x 2 B), out (6144 x 2 B) and between the GEMMs (2 x 3072 x 2 B)
+    # per token-expert pair
+    pairs = 256 * 4
+    weights = 128 * 3 * 6144 * 3072 * 8.25 / 8
+    act = pairs * (6144 * 2 + 2 * 3072 * 2 + 6144 * 2)
+    memory_s = (weights + act) / (h200.hbm_bandwidth_bytes_per_s * eight.memory_efficiency)
+    flops = 2 * pairs * 3 * 6144 * 3072
+    compute_s = flops / (989.4e12 * eight.compute_efficiency(8.0))
+    expected = max(memory_s, compute_s) + eight.overhead_s + eight.per_row_s * pairs
+    assert float(moe_time_s(256, 6144, 3072, 4, 128, 1, 1, "mxfp8_w8a16", h200)) == \
+        pytest.approx(expected, rel=0.01)
+
 def test_cdna3_moe_table_is_aiters_tuned_times():
     # data/calibration/ops/cdna3_304cu/moe.parquet (model.fit.aiter_moe): ROCm/aiter
     # a8w8_blockscale_tuned_fmoe_ds_v3.csv @e4048607, cu_num 304, 16384 tokens, model_dim 7168,

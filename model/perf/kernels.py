@@ -110,6 +110,14 @@ def _entry_params(entry: dict, source: str) -> KernelParams:
                         source)
 
 
+# Formats no table times, priced with the curve of the kernel that runs them at another weight
+# width: Hopper runs MXFP8 experts on Marlin's weight-only MoE (vLLM's MiniMax M3 release:
+# "Marlin MXFP8 for Hopper-class systems", vllm-project/vllm-project.github.io pull 242), whose
+# 4-bit variant the tables time (mxfp4_w4a16 on h100_sxm / h200_sxm). Bytes and rate stay the
+# format's own (model.specs.dtypes); only the efficiencies are borrowed.
+SAME_KERNEL = {"mxfp8_w8a16": "mxfp4_w4a16"}
+
+
 def _lookup(chip: str, op_class: str, rate: str,
             same_rate_only: bool = False) -> tuple[KernelParams, str] | None:
     by_class = fitted_table().get(chip, {}).get(op_class)
@@ -117,6 +125,9 @@ def _lookup(chip: str, op_class: str, rate: str,
         return None
     if rate in by_class:
         return _entry_params(by_class[rate], f"fitted:{chip}"), rate
+    twin = SAME_KERNEL.get(rate) if op_class == "moe" else None
+    if twin in by_class:
+        return _entry_params(by_class[twin], f"fitted:{chip}:{twin}"), twin
     # A format the chip was not measured in: the measured format of the same rate class
     # (e.g. mxfp4 -> nvfp4), else (`same_rate_only` False) bf16, else whatever exists.
     want = _rate_or_none(rate)

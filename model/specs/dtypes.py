@@ -7,6 +7,8 @@ Scale overheads (OCP MX spec v1.0; NVIDIA NVFP4 blog 2025-06; DeepSeek V3 fp8 bl
 - mxfp4_w4a16: mxfp4 weights with BF16 activations (a weight-only checkpoint: compressed-tensors
   `input_activations: null`), so it computes at the BF16 rate (vLLM's default MXFP4 MoE backend on
   Blackwell is FlashInfer TRT-LLM mxfp4 x bf16, select_mxfp4_moe_backend; Marlin on Hopper).
+- mxfp8_w8a16: mxfp8 weights with BF16 activations and math, as chips without MX tensor cores
+  run an MXFP8 checkpoint's experts (vLLM's Marlin MXFP8 MoE on Hopper).
 - nvfp4: one fp8 E4M3 scale per 16 elements (+ a per-tensor fp32, negligible) -> 4.5 bits.
 - int4_group128 / int4_group32: w4a16 with an fp16 scale per 128 / 32 elements -> 4.125 / 4.5 bits.
 """
@@ -38,6 +40,7 @@ _DTYPES = {
         DType("fp8", 8.0, "fp8"),
         DType("fp8_block", 8.0 + 32.0 / (128 * 128), "fp8"),
         DType("mxfp8", 8.0 + 8.0 / 32, "fp8"),
+        DType("mxfp8_w8a16", 8.0 + 8.0 / 32, "bf16"),
         DType("int8", 8.0, "int8"),
         DType("mxfp4", 4.0 + 8.0 / 32, "fp4"),
         DType("mxfp4_w4a16", 4.0 + 8.0 / 32, "bf16"),
