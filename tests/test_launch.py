@@ -70,6 +70,10 @@ def test_serving_format_flags_follow_the_recipe():
                           (3, 2.83, "eagle3"))
     assert h200.checkpoint == "MiniMaxAI/MiniMax-M3-MXFP8" and h200.indexer_kv_dtype is None
     assert h200.quantization is None and h200.weights_note is None
+    # the recipe's MX fallback on Hopper (Marlin W8A16 experts) serves that same checkpoint
+    marlin = serving_format("minimax-m3", load_hardware("h200-sxm"), "experts=mxfp8_w8a16",
+                            "fp8", (3, 2.83, "eagle3"))
+    assert marlin.checkpoint == "MiniMaxAI/MiniMax-M3-MXFP8" and marlin.weights_note is None
     # DeepSeek V4 (vLLM blog 2026-04-24): fp8 KV, the FP4 indexer cache, MTP drafts from the
     # checkpoint (no draft model)
     v4 = serving_format("deepseek-v4-pro", load_hardware("b300"), None, "fp8", (3, 2.49, "mtp"))

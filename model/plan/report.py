@@ -172,8 +172,7 @@ def serving_format(arch_name: str, hw, precision, kv_dtype, spec) -> ServingForm
     is its variant's), KV and index-key cache dtypes, speculative decoding with the recipe's
     draft checkpoint when the method is the recipe's."""
     r = recipe_for(arch_name) if arch_name else None
-    checkpoint = r.checkpoint_on(hw) if r is not None and precision == r.precision_on(hw) \
-        else None
+    checkpoint = r.checkpoint_on(hw) if r is not None and r.holds(hw, precision) else None
     k, _, method = spec
     draft = r.draft_on(hw) if r is not None and method == r.spec_method else None
     quantization, note = (None, None) if checkpoint else _online_quantization(arch_name,

@@ -40,6 +40,17 @@ class Fp4Variant(BaseModel):
         return self
 
 
+class MxFallback(BaseModel):
+    """How the family's MX checkpoint runs on one vendor's chips without MX tensor cores (a
+    hardware spec whose `fp4_formats` lacks mxfp4): the engine's software path, as a precision."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vendor: Literal["NVIDIA", "AMD"]
+    precision: str
+    source: str
+
+
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -59,6 +70,7 @@ class Recipe(BaseModel):
     spec_draft_model: str | None = None  # external draft checkpoint (eagle3, dspark)
     vllm_args: tuple[str, ...] = ()  # further sourced `vllm serve` flags of the format
     fp4: Fp4Variant | None = None
+    mx_fallback: tuple[MxFallback, ...] = ()
     date: str
 
     @model_validator(mode="after")
@@ -96,13 +108,25 @@ class Recipe(BaseModel):
         formats = tuple(getattr(hw, "fp4_formats", ()) or ())
         return self.fp4 if self.fp4 is not None and self.fp4.format in formats else None
 
+    def holds(self, hw, precision) -> bool:
+        """Whether `precision` is how the recipe's checkpoint on chip `hw` is served: its
+        precision there, or (without an FP4 variant) the checkpoint's own format."""
+        return precision == self.precision_on(hw) or (
+            self.fp4_on(hw) is None and precision == self.precision)
+
     def checkpoint_on(self, hw) -> str | None:
         """The checkpoint served on chip `hw` when it is not the architecture's own (None)."""
         variant = self.fp4_on(hw)
         return variant.checkpoint if variant else self.checkpoint
 
     def precision_on(self, hw) -> str | None:
-        """The served precision on chip `hw`."""
+        """The served precision on chip `hw`: the FP4 variant's, else the MX fallback of the
+        chip's vendor where it has no MX tensor cores, else the recipe's."""
+        if self.fp4_on(hw) is None and hw is not None and \
+                "mxfp4" not in tuple(getattr(hw, "fp4_formats", ()) or ()):
+            for fallback in self.mx_fallback:
+                if fallback.vendor == getattr(hw, "vendor", None):
+                    return fallback.precision
         return self._served(hw, "precision")
 
     def assumptions(self, hw=None) -> str:
@@ -111,8 +135,10 @@ class Recipe(BaseModel):
             f"{self.spec_method} {self.spec_tokens} tokens" + (f" ({draft})" if draft else "")
             + f", acceptance length {self.spec_on(hw)[1]:g}")
         variant = self.fp4_on(hw)
+        served = self.precision_on(hw)
         precision = (f"{variant.precision} ({variant.checkpoint} on {variant.format} chips)"
-                     if variant else self.precision)
+                     if variant else served if served == self.precision
+                     else f"{served} (no MX tensor cores on this chip)")
         return (f"recipe {self.family}: weights {precision or 'as checkpoint'}, KV "
                 f"{self.kv_dtype or 'checkpoint dtype'}, speculative decoding {spec} "
                 f"(data/deployments/{self.family}.yaml)")
