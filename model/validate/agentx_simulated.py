@@ -127,8 +127,19 @@ def simulated_runs() -> list[dict]:
 
 
 def main(argv=None) -> None:
+    """Simulate every mapped run, or with `--only model:hardware[,...]` (export names, e.g.
+    minimaxm3:h200) those runs alone, replacing their rows in the stored table."""
     argv = sys.argv[1:] if argv is None else argv
-    table = simulate_all(progress="--progress" in argv)
+    runs = agentx.load_runs()
+    only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
+    if only:
+        pairs = {tuple(p.split(":", 1)) for p in only.split(",")}
+        runs = runs[[(m, h) in pairs for m, h in zip(runs.model, runs.hardware, strict=True)]]
+    table = simulate_all(runs, progress="--progress" in argv)
+    if only:  # the stored rows in their order, these runs' replaced
+        kept, new = load_simulated().set_index("id"), table.set_index("id")
+        order = kept.index.tolist() + [i for i in new.index if i not in kept.index]
+        table = pd.concat([kept.drop(new.index, errors="ignore"), new]).loc[order].reset_index()
     table.to_csv(SIMULATED, index=False, float_format="%.6g")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
