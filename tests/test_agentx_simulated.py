@@ -63,3 +63,29 @@ def test_the_runs_are_sliced_by_the_front_end_their_recipe_runs():
     assert len(unmapped) == 4 and all(r["slice"]["frontend"] is None for r in unmapped)
     assert set(score_set("inferencex-agentx-simulator")["slices"]["frontend"]) == {
         "dynamo", "python", "rust"}
+
+
+def test_only_replaces_the_named_runs_rows_in_place(tmp_path, monkeypatch):
+    # --only=minimaxm3:h200 simulates the 8 MiniMax M3 runs on 8 H200 (data/benchmarks/
+    # inferencex_agentx_2026-09-15.csv) and replaces just their rows, in the stored order
+    from model.validate import agentx_simulated as S
+
+    stored = load_simulated()
+    table = tmp_path / "simulated.csv"
+    stored.to_csv(table, index=False)
+    monkeypatch.setattr(S, "SIMULATED", table)
+    asked = []
+
+    def fake_simulate_all(runs, progress=False):
+        asked.extend(runs.id.tolist())
+        return stored[stored.id.isin(runs.id)].assign(tpgs=-1.0)
+
+    monkeypatch.setattr(S, "simulate_all", fake_simulate_all)
+    S.main(["--only=minimaxm3:h200"])
+    runs = agentx.load_runs()
+    h200 = set(runs[(runs.model == "minimaxm3") & (runs.hardware == "h200")].id)
+    assert set(asked) == h200 and len(h200) == 8
+    after = S.load_simulated()
+    assert after.id.tolist() == stored.id.tolist()
+    changed = after[~((after.tpgs == stored.tpgs) | (after.tpgs.isna() & stored.tpgs.isna()))]
+    assert set(changed.id) == h200 and (changed.tpgs == -1.0).all()
