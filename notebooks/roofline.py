@@ -64,6 +64,33 @@ table.sort_values(["phase", "time_s"], ascending=[True, False]).head(20)
 # %%
 pd.DataFrame(ops.render())
 
+# %% [markdown]
+# ## Where the efficiencies come from
+#
+# A count becomes a time through an efficiency curve per op class and number format
+# (`model/perf/kernels.py`): the fraction of peak FLOP/s a kernel reaches as its rows grow, the
+# fraction of HBM bandwidth it streams at, and a fixed cost per call. The curves are fitted on
+# measured kernel tables (`data/calibration/ops/`, fits in `data/calibration/kernels.yaml`):
+# - `fitted:<chip>`: the chip's own measured tables (H100, H200, B200);
+# - `fitted:<die table>`: a table of the chip's die for some op classes (`kernel_tables` in its
+#   hardware spec; MI300X and MI325X have AITER's tuned MoE times);
+# - `transfer:<reference>`: another chip's curve, its compute ceiling scaled by the two chips'
+#   measured best-GEMM fractions of peak (MAMF); the `calibration_reference` of the spec says
+#   which chip and why.
+
+# %%
+from model.perf.kernels import params_for
+
+experts = next((ly.mlp.experts.dtype for ly in sm.arch.layers
+                if getattr(ly.mlp.experts, "dtype", None)), None)
+formats = {"gemm": sm.arch.weight_dtype, "memory": "bf16"} | ({"moe": experts} if experts else {})
+curves = pd.DataFrame([
+    {"op class": op_class, "format": fmt, "source": p.source,
+     "peak fraction (max)": round(p.compute_efficiency_max, 3), "rows at half": p.half_tokens,
+     "HBM fraction": round(p.memory_efficiency, 3), "fixed cost (us)": round(p.overhead_s * 1e6, 1)}
+    for op_class, fmt in formats.items() for p in [params_for(hw, op_class, fmt)]])
+curves
+
 # %%
 # One point per (phase, op group) over all layers: summed FLOPs over summed bytes and time, sized
 # and labelled by its share of that phase's step; groups under 1% of a phase are left out.
