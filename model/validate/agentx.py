@@ -291,9 +291,14 @@ def write_report(table: pd.DataFrame, unmapped: pd.DataFrame, path: Path = REPOR
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    """Predict every mapped AgentX run with the closed form; `--report` writes the check."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m model.validate.agentx", description=main.__doc__)
+    ap.add_argument("--report", action="store_true", help=f"write {REPORT.name}")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     table, unmapped = predict()
-    if "--report" in argv:
+    if args.report:
         print(write_report(table, unmapped))
     else:
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))

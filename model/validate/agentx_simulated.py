@@ -129,14 +129,23 @@ def simulated_runs() -> list[dict]:
 def main(argv=None) -> None:
     """Simulate every mapped run, or with `--only model:hardware[,...]` (export names, e.g.
     minimaxm3:h200) those runs alone, replacing their rows in the stored table."""
-    argv = sys.argv[1:] if argv is None else argv
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m model.validate.agentx_simulated",
+                                 description=main.__doc__)
+    ap.add_argument("--only", help="model:hardware[,...] of the export (e.g. minimaxm3:h200)")
+    ap.add_argument("--progress", action="store_true", help="print each run as it finishes")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     runs = agentx.load_runs()
-    only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
-    if only:
-        pairs = {tuple(p.split(":", 1)) for p in only.split(",")}
+    if args.only:
+        pairs = {tuple(p.split(":", 1)) for p in args.only.split(",")}
+        known = set(zip(runs.model, runs.hardware, strict=True))
+        if not pairs <= known:
+            ap.error(f"--only: no runs for {', '.join(sorted(map(':'.join, pairs - known)))}; "
+                     f"allowed: {', '.join(sorted(map(':'.join, known)))}")
         runs = runs[[(m, h) in pairs for m, h in zip(runs.model, runs.hardware, strict=True)]]
-    table = simulate_all(runs, progress="--progress" in argv)
-    if only:  # the stored rows in their order, these runs' replaced
+    table = simulate_all(runs, progress=args.progress)
+    if args.only:  # the stored rows in their order, these runs' replaced
         kept, new = load_simulated().set_index("id"), table.set_index("id")
         order = kept.index.tolist() + [i for i in new.index if i not in kept.index]
         table = pd.concat([kept.drop(new.index, errors="ignore"), new]).loc[order].reset_index()
