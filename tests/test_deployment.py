@@ -73,6 +73,10 @@ def test_aggregated_replicas_split_the_sessions_and_add_up():
     mean_tpot = sum(wi * res.tpot_s["p90"] for wi, res in zip(weights, (two, three), strict=True)) / sum(weights)
     assert r.result.tpot_s["p90"] == pytest.approx(mean_tpot)
     assert any("request-weighted" in a for a in r.assumptions)
+    # the E2E law left out of both parts and run later combines as the eager one does
+    lean = serve_deployment(w, policy, ClosedLoop(5), replicas=Workers(step, 2), e2e=False)
+    assert lean.result.e2e_interactivity_tok_s == {}
+    assert lean.with_e2e().as_dict() == r.as_dict()
     # an even split is serve() itself, scaled to the replicas; an open rate splits evenly
     even = serve_deployment(w, policy, ClosedLoop(6), replicas=Workers(step, 2)).result
     assert even.tpgs == three.tpgs and even.requests_per_s == 2 * three.requests_per_s

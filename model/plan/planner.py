@@ -305,9 +305,11 @@ def deployment_of(row: pd.Series, inputs: PlanInputs) -> Deployment:
 
 
 def _evaluator(inputs: PlanInputs, template: Deployment):
+    """Full-tier points of `template` by sessions. The search reads TPGS, interactivity and
+    TTFT; the E2E law waits for the point the plan reports (`_result`)."""
     def evaluate(concurrency: int) -> FullTierPoint:
         dep = replace(template, concurrency=int(concurrency))
-        return FullTierPoint(dep, evaluate_deployment(inputs.setup, dep))
+        return FullTierPoint(dep, evaluate_deployment(inputs.setup, dep, e2e=False))
     return evaluate
 
 
@@ -367,6 +369,7 @@ def _result(inputs: PlanInputs, chosen: tuple[FullTierPoint, pd.Series],
             points: list[FullTierPoint], cands: pd.DataFrame, saturation: pd.DataFrame,
             slo: Slo, api_model: str, cost_basis: str, seconds: float) -> PlanResult:
     point, screening_row = chosen
+    point = replace(point, serving=point.serving.with_e2e())
     best = point_row(point, screening_row, slo)
     deployment = replace(point.deployment, serving=serving_format(
         inputs.arch.name if inputs.recipe else "", inputs.hardware, inputs.precision,

@@ -17,6 +17,7 @@ splits evenly over the replicas.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -41,6 +42,10 @@ class DeploymentServing:
     gpus: int
     assumptions: tuple[str, ...] = ()
     prefill_utilization: float | None = None  # disaggregated: a prefill rank's
+
+    def with_e2e(self) -> DeploymentServing:
+        """This answer with its E2E law run where the evaluation left it for later."""
+        return replace(self, result=self.result.with_e2e())
 
     def as_dict(self) -> dict:
         return {**self.result.as_dict(), "mode": self.mode, "gpus": self.gpus,
@@ -177,9 +182,8 @@ def combine(parts: list[tuple[int, ServingResult]], replicas: int, load: Load) -
         return {k: mean(lambda res, k=k: getattr(res, field)[k]) for k in QUANTILE_KEYS}
 
     tpot = times("tpot_s")
-    e2e = {k: mean(lambda res, k=k: 1.0 / res.e2e_interactivity_tok_s[k])
-           for k in QUANTILE_KEYS} if all(res.e2e_interactivity_tok_s for _, res in parts) \
-        else {}
+    laters = tuple(res.e2e_later for _, res in parts)
+    e2e_later = partial(_combined_e2e, tuple(w), laters) if all(laters) else None
     return replace(
         top, ttft_s=times("ttft_s"), tpot_s=tpot,
         interactivity_tok_s={k: 1.0 / v for k, v in tpot.items()},
@@ -195,5 +199,20 @@ def combine(parts: list[tuple[int, ServingResult]], replicas: int, load: Load) -
         prefill_step_share=mean(lambda res: res.prefill_step_share),
         hit_rate=mean(lambda res: res.hit_rate), mean_reload_s=mean(lambda res: res.mean_reload_s),
         mean_frontend_s=mean(lambda res: res.mean_frontend_s),
-        e2e_interactivity_tok_s={k: 1.0 / v for k, v in e2e.items()},
-        goodput_requests_per_s=None, slo_attainment=None)
+        e2e_interactivity_tok_s=_weighted_e2e(
+            tuple(w), [res.e2e_interactivity_tok_s for _, res in parts]),
+        e2e_later=e2e_later, goodput_requests_per_s=None, slo_attainment=None)
+
+
+def _weighted_e2e(weights: tuple, parts: list[dict]) -> dict:
+    """The parts' E2E normalized interactivity combined as `combine` does TPOT (per-token
+    times weighted by request rate, inverted); {} unless every part has one."""
+    if not all(parts):
+        return {}
+    return {k: 1.0 / sum(wi * (1.0 / p[k]) for wi, p in zip(weights, parts, strict=True))
+            for k in QUANTILE_KEYS}
+
+
+def _combined_e2e(weights: tuple, laters: tuple) -> dict:
+    """`_weighted_e2e` of the parts' E2E laws left for later, run now."""
+    return _weighted_e2e(weights, [later() for later in laters])

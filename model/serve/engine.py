@@ -28,7 +28,9 @@ with one it is spread thinly over many steps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -127,9 +129,19 @@ class ServingResult:
     mean_frontend_s: float = 0.0  # mean time the front end holds a request (in TTFT)
     # InferenceX AgentX's E2E normalized interactivity: pXX = 1 / pXX of E2EL / OSL (TTFT counts)
     e2e_interactivity_tok_s: dict = field(default_factory=dict)
+    # the E2E law left out (e2e=False), to run later on the same solved state: with_e2e()
+    e2e_later: Callable[[], dict] | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(replace(self, e2e_later=None))
+        del out["e2e_later"]  # code, not a number
+        return out
+
+    def with_e2e(self) -> ServingResult:
+        """This result with its E2E law run, where it was left out and kept for later."""
+        if self.e2e_interactivity_tok_s or self.e2e_later is None:
+            return self
+        return replace(self, e2e_interactivity_tok_s=self.e2e_later(), e2e_later=None)
 
 
 def _unstable(reason: str, hit: float, policy: EnginePolicy) -> ServingResult:
@@ -160,7 +172,9 @@ def serve(step_model, workload: Workload | None, policy: EnginePolicy, load: Loa
     their reload time to TTFT (less the gap before the request with `prefetch_reload`).
     `cache=False`: the profile's own hit (an infinite per-session cache). `e2e=False` leaves
     out the E2E normalized interactivity (`e2e_interactivity_tok_s` stays empty), a third of
-    the laws' time, for callers that read only TTFT, TPOT and throughput.
+    the laws' time, for callers that read only TTFT, TPOT and throughput; the result keeps
+    the law to run later (`ServingResult.with_e2e`), for callers that need it for a few of
+    many results.
     """
     lanes_model, dp = (step_model, int(dp_ranks)) if dp_ranks else pipeline_lanes(step_model)
     if isinstance(load, TraceArrivals):
@@ -272,8 +286,7 @@ def _laws(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
     concurrency = (load.concurrency if isinstance(load, ClosedLoop)
                    else x_rep * (ttft_mean + eng.decode_time_s(st.mean_step_s)))
     names = [f"p{int(q * 100)}" for q in QUANTILES]
-    e2e_q = (dict(zip(names, map(float, e2e_interactivity(eng, ttft, tpot)), strict=True))
-             if e2e else {})
+    e2e_later = partial(_e2e_quantiles, eng, ttft, tpot)
     q = eng.tokens_per_step
     good, attain = None, None
     if slo_p90_interactivity or slo_ttft_s:
@@ -290,7 +303,14 @@ def _laws(eng: RankEngine, st: SolvedRate, rate_per_rank_rps: float,
         concurrency=float(concurrency), decode_batch_per_rank=float(st.balance.decode_batch),
         prefill_step_share=float(st.balance.prefill_share), goodput_requests_per_s=good,
         slo_attainment=attain,
-        e2e_interactivity_tok_s=e2e_q)
+        e2e_interactivity_tok_s=e2e_later() if e2e else {},
+        e2e_later=None if e2e else e2e_later)
+
+
+def _e2e_quantiles(eng: RankEngine, ttft, tpot: TpotLaw) -> dict:
+    """{pXX: E2E normalized interactivity, tok/s} of a solved state's laws."""
+    names = [f"p{int(q * 100)}" for q in QUANTILES]
+    return dict(zip(names, map(float, e2e_interactivity(eng, ttft, tpot)), strict=True))
 
 
 def _slo_attainment(ttft_dist, tpot: TpotLaw, slo_steps_per_s: float | None,

@@ -45,6 +45,7 @@ Per request i of the mix (context c_i, uncached u_i, output o_i, gap z_i), with 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from scipy.special import ndtr, ndtri
@@ -506,10 +507,10 @@ def mixture_quantiles(mean: float, sd: np.ndarray, qs=QUANTILES) -> np.ndarray:
     return np.interp(qs, below @ weights, grid)
 
 
-def e2e_per_token_quantiles(pools: Pools, wait_pmf: np.ndarray, dt: float, own: np.ndarray,
-                            step_s: float, sd: np.ndarray) -> np.ndarray:
-    """Quantiles of E2EL / OSL over requests (InferenceX's normalized interactivity is 1 / them):
-    stratified over requests, the wait law and the window's Gaussian step."""
+def e2e_interactivity_tok_s(pools: Pools, wait_pmf: np.ndarray, dt: float, own: np.ndarray,
+                            step_s: float, sd: np.ndarray) -> dict:
+    """{pXX: InferenceX's E2E normalized interactivity, 1 / the quantile of E2EL / OSL over
+    requests}: stratified over requests, the wait law and the window's Gaussian step."""
     o = pools.output_tokens
     pick = np.linspace(0, len(o) - 1, min(len(o), E2E_REQUESTS)).astype(int)
     cdf = np.cumsum(wait_pmf) / max(wait_pmf.sum(), 1e-300)
@@ -517,7 +518,8 @@ def e2e_per_token_quantiles(pools: Pools, wait_pmf: np.ndarray, dt: float, own: 
     z = ndtri((np.arange(E2E_STEPS) + 0.5) / E2E_STEPS)
     decode = pools.decode_steps[pick, None] * (step_s + sd[pick, None] * z[None, :])
     total = waits[None, :, None] + (own[pick, None] + decode)[:, None, :]
-    return np.quantile(total / np.maximum(o[pick], 1.0)[:, None, None], QUANTILES)
+    per_token = np.quantile(total / np.maximum(o[pick], 1.0)[:, None, None], QUANTILES)
+    return {f"p{int(q * 100)}": 1.0 / float(v) for q, v in zip(QUANTILES, per_token, strict=True)}
 
 
 def serve_pools(workload: Workload, policy: EnginePolicy, load: Load, prefill: Workers,
@@ -560,11 +562,9 @@ def _result(pools: Pools, load: Load, sol: PoolSolution, sessions: float | None,
     grid, pmf, wait, own = ttft_law(pools, load, sol, sessions)
     ttft = quantiles_from_pmf(pmf, grid, QUANTILES)
     sd = step_sd_s(pools, st, sessions)
-    decoding = pools.decode_steps > 0
-    tpot = mixture_quantiles(st.decode_step_s, sd[decoding]) / pools.tokens_per_step
+    tpot = mixture_quantiles(st.decode_step_s, sd[pools.decode_steps > 0]) / pools.tokens_per_step
     names = [f"p{int(q * 100)}" for q in QUANTILES]
-    e2e_q = ({n: 1.0 / float(v) for n, v in zip(names, e2e_per_token_quantiles(
-        pools, wait, grid[1], own, st.decode_step_s, sd), strict=True)} if e2e else {})
+    e2e_later = partial(e2e_interactivity_tok_s, pools, wait, grid[1], own, st.decode_step_s, sd)
     rate = st.rate_rps
     return ServingResult(
         stable=True, reason="", ttft_s=dict(zip(names, map(float, ttft), strict=True)),
@@ -580,9 +580,9 @@ def _result(pools: Pools, load: Load, sol: PoolSolution, sessions: float | None,
         decode_batch_per_rank=st.decode_batch, prefill_step_share=0.0,
         hit_rate=pools.hit_rate, bounded_by=sol.bounded_by, policy=policy.as_dict(),
         cache=pools.cache.summary() if pools.cache else None,
-        mean_reload_s=float(pools.reload_s.mean()),
-        mean_frontend_s=float(pools.frontend_s.mean()),
-        e2e_interactivity_tok_s=e2e_q)
+        mean_reload_s=float(pools.reload_s.mean()), mean_frontend_s=float(pools.frontend_s.mean()),
+        e2e_interactivity_tok_s=e2e_later() if e2e else {},
+        e2e_later=None if e2e else e2e_later)
 
 
 def _unstable(reason: str, pools: Pools, policy: EnginePolicy) -> ServingResult:
