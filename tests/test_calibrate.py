@@ -225,6 +225,32 @@ def test_mxfp8_experts_on_hopper_take_marlins_curve_with_their_own_bytes():
     assert float(moe_time_s(256, 6144, 3072, 4, 128, 1, 1, "mxfp8_w8a16", h200)) == \
         pytest.approx(expected, rel=0.01)
 
+def test_mxfp8_emulation_streams_a_bf16_copy_of_every_weight_per_call():
+    # vLLM's EmulationMxfp8LinearKernel: dequant_mxfp8_to_bf16 (FP8 -> FP32 -> scaled -> BF16,
+    # "a 2.95 MB weight costs 56 MB of traffic", vLLM PR #56560: 19 bytes per FP8 byte), then
+    # F.linear reads the BF16 copy (2 bytes): 21 bytes per element each call, stored at 8.25
+    # bits, computed at the BF16 rate. One decode row through MiniMax M3's q_proj at TP8
+    # (6144 x 1024) on MI325X is bandwidth-bound: its weight term is 21 / 1.03125 times the
+    # stored format's.
+    from model.perf.roofline import compute_rate, gemm_time_s, lookup_dtype
+    from model.specs.hardware import load_hardware
+    mi325 = load_hardware("mi325x")
+    emu, w8 = lookup_dtype("mxfp8_emulated"), lookup_dtype("mxfp8_w8a16")
+    assert (emu.bits, emu.streamed_bytes, w8.streamed_bytes) == (8.25, 21.0, 8.25 / 8)
+    assert compute_rate("mxfp8_emulated", mi325)[0] == "bf16"
+    p = kernels.params_for(mi325, "gemm", "mxfp8_emulated")
+    assert p == kernels.params_for(mi325, "gemm", "mxfp8_w8a16")  # one BF16 GEMM curve
+    n, k = 1024, 6144
+    base = p.overhead_s + p.per_row_s
+    t_emu = float(gemm_time_s(1, n, k, "mxfp8_emulated", mi325)) - base
+    t_w8 = float(gemm_time_s(1, n, k, "mxfp8_w8a16", mi325)) - base
+    act = k * 2 + n * 2  # the BF16 row in and out
+    assert (t_emu, t_w8) == (pytest.approx((k * n * 21.0 + act) / (
+        mi325.hbm_bandwidth_bytes_per_s * p.memory_efficiency), rel=1e-9), pytest.approx(
+        (k * n * 8.25 / 8 + act) / (mi325.hbm_bandwidth_bytes_per_s * p.memory_efficiency),
+        rel=1e-9))
+
+
 def test_cdna3_moe_table_is_aiters_tuned_times():
     # data/calibration/ops/cdna3_304cu/moe.parquet (model.fit.aiter_moe): ROCm/aiter
     # a8w8_blockscale_tuned_fmoe_ds_v3.csv @e4048607, cu_num 304, 16384 tokens, model_dim 7168,

@@ -62,10 +62,11 @@ def test_recipes_are_sourced_and_match_the_checkpoints():
     assert (m3.precision, m3.kv_dtype) == ("mxfp8", "fp8")
     assert m3.precision_on(load_hardware("b300")) == "experts=nvfp4,indexer_cache=fp8"
     # chips without MX tensor cores run the MXFP8 checkpoint on their vendor's software path
-    # (data/deployments/minimax-m3.yaml mx_fallback): Marlin W8A16 experts on Hopper, experts
-    # dequantized to BF16 at load on CDNA3; CDNA4 has MX cores and serves MXFP8 as is
+    # (data/deployments/minimax-m3.yaml mx_fallback): Marlin W8A16 experts on Hopper; on CDNA3
+    # experts dequantized to BF16 at load, projections to BF16 on every call (vLLM's MXFP8
+    # emulation); CDNA4 has MX cores and serves MXFP8 as is
     assert m3.precision_on(load_hardware("h200-sxm")) == "experts=mxfp8_w8a16"
-    assert m3.precision_on(load_hardware("mi300x")) == "gemm=mxfp8,experts=bf16"
+    assert m3.precision_on(load_hardware("mi300x")) == "gemm=mxfp8_emulated,experts=bf16"
     assert m3.precision_on(load_hardware("mi355x")) == "mxfp8"
     # the B300 recipe drafts with Inferact/MiniMax-M3-EAGLE3-GQA, golden AL 2.78 at 3 tokens
     # (InferenceX golden_al_distribution/minimaxm3_eagle3_gqa.yaml); H200 keeps the MHA head, 2.83

@@ -146,7 +146,7 @@ class Step:
 
 
 def linear_op(lin: Linear, tokens, count: int = 1, prefix: str = "") -> Op:
-    bits = dtype(lin.dtype).bits
+    bits = dtype(lin.dtype).streamed_bytes * 8.0  # what each call reads, not what HBM stores
     z = np.zeros_like(np.asarray(tokens, float))
     return Op(f"{prefix}{lin.name}", "linear", count,
               flops=f("linear_flops", tokens, lin.in_features, lin.out_features, lin.count),

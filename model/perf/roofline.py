@@ -130,7 +130,7 @@ def gemm_time_s(m, n, k, dtype: str, hw, ideal: bool = False):
     act = d.bytes if rate in ("fp8", "fp4", "int8") else ACT_BYTES
     m, n, k = (np.asarray(a, dtype=float) for a in (m, n, k))
     flops = 2.0 * m * n * k
-    bytes_ = m * k * act + k * n * d.bytes + m * n * ACT_BYTES
+    bytes_ = m * k * act + k * n * d.streamed_bytes + m * n * ACT_BYTES
     params = IDEAL if ideal else _capped(params_for(hw, "gemm", _params_key(dtype)))
     return roofline_time_s(flops, bytes_, peak, hw.hbm_bandwidth_bytes_per_s, params, m, k,
                            1.0 if ideal else gemm_tile_factor(n))
@@ -168,7 +168,7 @@ def _gemm_columns(shapes: tuple, hw, ideal: bool) -> tuple[np.ndarray, ...]:
         c = 2.0 * n * k / (peak * params.compute_efficiency_max * kfac * tile)
         bw = hw.hbm_bandwidth_bytes_per_s * params.memory_efficiency
         cols.append((c, params.half_tokens, (k * act + n * ACT_BYTES) / bw,
-                     k * n * d.bytes / bw, params.overhead_s, params.per_row_s))
+                     k * n * d.streamed_bytes / bw, params.overhead_s, params.per_row_s))
     return tuple(np.array(col, float) for col in zip(*cols, strict=True))
 
 

@@ -9,6 +9,13 @@ Scale overheads (OCP MX spec v1.0; NVIDIA NVFP4 blog 2025-06; DeepSeek V3 fp8 bl
   Blackwell is FlashInfer TRT-LLM mxfp4 x bf16, select_mxfp4_moe_backend; Marlin on Hopper).
 - mxfp8_w8a16: mxfp8 weights with BF16 activations and math, as chips without MX tensor cores
   run an MXFP8 checkpoint's experts (vLLM's Marlin MXFP8 MoE on Hopper).
+- mxfp8_emulated: mxfp8 weights that the engine dequantizes to BF16 on every call before a BF16
+  GEMM, as vLLM's EmulationMxfp8LinearKernel does for dense layers on chips with no MXFP8 linear
+  kernel (CDNA3: the ROCm kernel list has only the gfx950 `tl.dot_scaled` kernel before it; vLLM
+  RFC #34331: on CDNA3 "vLLM emulates quantization by dequantizing weights on every forward
+  pass"). Stored at 8.25 bits; each use streams 21 bytes per element: `dequant_mxfp8_to_bf16` is
+  six pointwise kernels through an FP32 intermediate, 19 bytes per FP8 byte ("a 2.95 MB weight
+  costs 56 MB of traffic", vLLM PR #56560), and the GEMM then reads the 2-byte BF16 copy.
 - nvfp4: one fp8 E4M3 scale per 16 elements (+ a per-tensor fp32, negligible) -> 4.5 bits.
 - int4_group128 / int4_group32: w4a16 with an fp16 scale per 128 / 32 elements -> 4.125 / 4.5 bits.
 """
@@ -25,10 +32,17 @@ class DType:
     name: str
     bits: float  # storage bits per element including amortized scales
     rate: str  # hardware peak-FLOP key this format computes at: fp32, bf16, fp8, fp4, int8
+    streamed_bits: float = 0.0  # HBM bits moved per element each time a GEMM uses it (0: bits)
 
     @property
     def bytes(self) -> float:
         return self.bits / 8.0
+
+    @property
+    def streamed_bytes(self) -> float:
+        """Bytes of HBM traffic per weight element per use: the stored bytes, or more where the
+        engine converts the weight on every call (mxfp8_emulated)."""
+        return (self.streamed_bits or self.bits) / 8.0
 
 
 _DTYPES = {
@@ -41,6 +55,7 @@ _DTYPES = {
         DType("fp8_block", 8.0 + 32.0 / (128 * 128), "fp8"),
         DType("mxfp8", 8.0 + 8.0 / 32, "fp8"),
         DType("mxfp8_w8a16", 8.0 + 8.0 / 32, "bf16"),
+        DType("mxfp8_emulated", 8.0 + 8.0 / 32, "bf16", streamed_bits=8.0 * (19.0 + 2.0)),
         DType("int8", 8.0, "int8"),
         DType("mxfp4", 4.0 + 8.0 / 32, "fp4"),
         DType("mxfp4_w4a16", 4.0 + 8.0 / 32, "bf16"),
