@@ -43,7 +43,12 @@ def run(long: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    results = run(long="--long" in (sys.argv[1:] if argv is None else argv))
+    """Time every area's bench, print them and write runs/bench.json."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m model.bench", description=main.__doc__)
+    ap.add_argument("--long", action="store_true", help="add the reproduction (minutes)")
+    results = run(long=ap.parse_args(sys.argv[1:] if argv is None else argv).long)
     for area, measured in results.items():
         print(f"[{area}]")
         for key, value in measured.items():

@@ -70,9 +70,15 @@ def build(gitdir: Path, commit: str = "HEAD") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
-    gitdir = Path(sys.argv[1])
-    df = build(gitdir, sys.argv[2] if len(sys.argv) > 2 else "HEAD")
+def main(argv: list[str] | None = None) -> None:
+    """Build data/calibration/ops/<die>/moe.parquet from AITER's tuned fused-MoE tables."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m model.fit.aiter_moe", description=main.__doc__)
+    ap.add_argument("gitdir", type=Path, help="a git directory of ROCm/aiter")
+    ap.add_argument("commit", nargs="?", default="HEAD", help="the commit to read (HEAD)")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    df = build(args.gitdir, args.commit)
     out = OPS_DIR / CHIP / "moe.parquet"
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out, index=False)

@@ -298,9 +298,17 @@ def write_fits(fitted: dict, today: str) -> None:
     comm.clear_cache()
 
 
-def main() -> None:
-    run(collectives_only="--collectives-only" in sys.argv[1:],
-        missing_only="--missing-only" in sys.argv[1:])
+def main(argv: list[str] | None = None) -> None:
+    """Fit the kernel and collective curves and write data/calibration/kernels.yaml."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m model.fit.calibrate", description=main.__doc__)
+    ap.add_argument("--collectives-only", action="store_true",
+                    help="refit the collectives alone, keeping every kernel fit")
+    ap.add_argument("--missing-only", action="store_true",
+                    help="fit only the slices kernels.yaml does not hold yet")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    run(collectives_only=args.collectives_only, missing_only=args.missing_only)
 
 
 def bench_kernels(candidates: int = 10_000) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -421,6 +420,11 @@ def write_profiles(traces_dir: Path, out_dir: Path = WORKLOADS_DIR) -> list[Path
 
 
 if __name__ == "__main__":
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "data" / "traces"
-    for p in write_profiles(root):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m model.fit.workload",
+                                 description="Write the fitted workload profiles of data/workloads.")
+    ap.add_argument("traces", nargs="?", type=Path, default=ROOT / "data" / "traces",
+                    help="the traces folder (data/traces)")
+    for p in write_profiles(ap.parse_args().traces):
         print(p)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -440,8 +439,16 @@ def write_report(names=None, reuse_sims: bool = False) -> str:
 if __name__ == "__main__":
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 20)
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if "--report" in sys.argv[1:]:
-        print(write_report(args or None, reuse_sims="--reuse-sims" in sys.argv[1:]))
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m model.validate.agreement",
+                                 description="Closed form against the stored simulations.")
+    ap.add_argument("names", nargs="*", help="scenario names (all by default)")
+    ap.add_argument("--report", action="store_true", help="write serving_agreement.md")
+    ap.add_argument("--reuse-sims", action="store_true",
+                    help="compare with the stored simulations instead of running them")
+    args = ap.parse_args()
+    if args.report:
+        print(write_report(args.names or None, reuse_sims=args.reuse_sims))
     else:
-        print(table(args or None))
+        print(table(args.names or None))
