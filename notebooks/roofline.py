@@ -132,6 +132,26 @@ chart
 # The step's breakdown counts it as `host_link`, and it names the bottleneck when it is the
 # largest part.
 
+# %% [markdown]
+# Some kernels sit below every roof: they are bound by latency, not by FLOPs or bytes. vLLM's Triton
+# attention (`--attention-backend TRITON_ATTN`, the MiniMax M3 launchers' choice off Blackwell)
+# splits a long context over programs only when every sequence brings one query. A speculative
+# verify step brings 1 + drafts, and the kernel then walks each sequence's whole context in one
+# program, 32 keys a tile, one tile after another (`roofline.serial_walk_s`). Each tile costs about
+# 1.6 us whatever the bandwidth (measured on an A100, `model.specs.defaults.TRITON_2D_TILE_S`), so a
+# dense attention layer at 100K tokens takes about 5 ms where its bytes need tens of microseconds.
+# A step model built with `attention_backend="triton"` takes the slower of the two.
+
+# %%
+from model.perf import roofline as rl
+
+# one sequence verifying 3 drafts (4 queries) at each context, on this plan's TP shard
+dense = [ly.attention for ly in sm.arch.main_layers if ly.attention.kind in ("gqa", "swa")][:1]
+walk = pd.DataFrame([{"context_tokens": c, "serial_walk_ms_per_layer": 1e3 * float(
+    rl.serial_walk_s(att.kind, 1.0, 4.0, c, att, sm.plan.tp))}
+    for att in dense for c in (8_192, 32_768, 131_072)])
+walk
+
 # %%
 dec_b = sm.breakdown(0, 0, decode_seqs, context_tokens)
 pre_b = sm.breakdown(prefill_tokens * dp, context_tokens, 0, 0, dp)

@@ -37,6 +37,7 @@ CASES = [
     (SERVE + ["--spec-tokens", "-1"], "--spec-tokens"),
     (SERVE[:-1] + ["0"], "--concurrency"),
     (SERVE + ["--max-num-seqs", "0"], "--max-num-seqs"),
+    (SERVE + ["--attention-backend", "flash"], "--attention-backend: allowed default, triton"),
     (SERVE + ["--prefill-schedule-interval", "0"], "--prefill-schedule-interval"),
     (SERVE + ["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold"),
     (SERVE + ["--hit-rate", "1.5"], "--hit-rate"),

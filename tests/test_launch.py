@@ -105,3 +105,19 @@ def test_launch_lines_serve_the_weights_the_plan_assumed():
         assert "MiniMaxAI/MiniMax-M3" in argv
     nvfp4 = serving_format("llama-3.1-70b", load_hardware("b200"), "nvfp4", None, (0, 0.0, "mtp"))
     assert nvfp4.quantization is None and "nvfp4" in nvfp4.weights_note
+
+
+def test_triton_attention_is_a_vllm_flag_and_an_sglang_note():
+    # MiniMax M3 on 8 H200 as InferenceX's AgentX launcher serves it
+    # (benchmarks/single_node/agentic/minimaxm3_fp8_h200_mtp.sh: --attention-backend TRITON_ATTN)
+    dep = Deployment(mode="aggregated", arch="minimax-m3", concurrency=4,
+                     replica=PhaseConfig("h200-sxm", ParallelPlan(tp=8, moe_tp=8), 1),
+                     attention_backend="triton")
+    (line,) = _lines(launch_commands(dep)["vllm"])
+    assert "--attention-backend TRITON_ATTN" in line
+    sglang = launch_commands(dep)["sglang"]
+    assert any("TRITON_ATTN" in c and c.startswith("# note:") for c in sglang)
+    assert not any("TRITON_ATTN" in c for c in _lines(sglang))
+    default = Deployment(mode="aggregated", arch="minimax-m3", concurrency=4,
+                         replica=PhaseConfig("h200-sxm", ParallelPlan(tp=8, moe_tp=8), 1))
+    assert "--attention-backend" not in _lines(launch_commands(default)["vllm"])[0]

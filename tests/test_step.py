@@ -1,4 +1,5 @@
-"""Step latency model (model.perf.step) on hand-built architectures and an H100-like test chip."""
+"""Step latency model (model.perf.step) on hand-built architectures, an H100-like test chip and
+the shipped specs."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import numpy as np
 import pytest
 from test_ops import deepseek_v3_like, llama8b, toy_hw
 
+from model.perf import roofline
 from model.perf.engine_factors import EngineFactors
 from model.perf.parallel import ParallelPlan
 from model.perf.step import build_step_model, kernels_per_step
 from model.specs.architecture import load_architecture
 from model.specs.defaults import EAGER_LAUNCH_S, SYNC_ROUND_TRIP_S
-from model.specs.errors import Infeasible
+from model.specs.errors import Infeasible, ServecastError
 from model.specs.hardware import load_hardware
 
 NO_OVERHEAD = EngineFactors(step_overhead_s=0.0)
@@ -216,3 +218,39 @@ def test_eager_blocking_launches_add_to_the_cuda_graph_step():
     gpu = t_graph - graphs.factors.step_overhead_s
     assert float(eager.step_time_s(*step)) == pytest.approx(
         max(gpu, 2547 * EAGER_LAUNCH_S) + graphs.factors.step_overhead_s, rel=1e-12)
+
+
+def test_triton_verify_steps_walk_each_context_in_one_program():
+    # vLLM's Triton unified attention takes its 2D path for a speculative verify step (query
+    # length 1 + drafts > 1): one program walks a sequence's whole context, 32 keys a tile
+    # (vllm/v1/attention/ops/triton_unified_attention.py). The per-tile time is the A100
+    # measurement (model.specs.defaults.TRITON_2D_TILE_S): 835.5 us over a 16,384-token context
+    # (cadamcat/dual-radeon-vllm benchmarks/cuda-a100/52684-kv-depth/kv_depth3.jsonl).
+    arch = load_architecture("minimax-m3")
+    gqa = next(lay.attention for lay in arch.main_layers if lay.attention.kind == "gqa")
+    walk = roofline.serial_walk_s("gqa", 1.0, 4.0, 16_384.0, gqa, tp=8)
+    assert float(walk) == pytest.approx(835.5e-6, rel=1e-12)
+    # one query per sequence and few sequences: the 3D path splits the context, no walk; above
+    # 128 // (KV heads per rank) sequences the 2D path returns (MIN_LAUNCH_GRID_SIZE_2D = 128)
+    assert float(roofline.serial_walk_s("gqa", 1.0, 1.0, 16_384.0, gqa, tp=8)) == 0.0
+    assert float(roofline.serial_walk_s("gqa", 129.0, 1.0, 16_384.0, gqa, tp=8)) > 0.0
+    # MiniMax M3 on 8 H200 as InferenceX's AgentX launcher serves it (--attention-backend
+    # TRITON_ATTN, EAGLE3 with 3 drafts): one sequence at 100K tokens. The 3 GQA layers each
+    # walk ceil(100,000 / 32) = 3,125 tiles; the 57 MSA layers run their own sparse kernels.
+    hw, plan = load_hardware("h200-sxm"), ParallelPlan(tp=8, moe_tp=8)
+    kw = {"precision": "experts=mxfp8_w8a16", "kv_dtype": "fp8", "spec_tokens": 3,
+          "acceptance_length": 2.78, "spec_method": "eagle3"}
+    chip = build_step_model(arch, hw, plan, **kw)
+    triton = build_step_model(arch, hw, plan, attention_backend="triton", **kw)
+    step = (0.0, 0.0, 1.0, 100_000.0)
+    ops = {o["op"]: o["time_s"] for o in triton.breakdown(*step)["ops"]}
+    assert ops["gqa/dense:attn_decode"] == pytest.approx(3 * 3125 * 835.5e-6 / 512, rel=1e-9)
+    # the walk replaces the chip's default kernel, which splits the context over programs; the
+    # step's kernels take the engine's fitted decode scale (model.perf.engine_factors)
+    default = {o["op"]: o["time_s"] for o in chip.breakdown(*step)["ops"]}
+    added = float(triton.step_time_s(*step)) - float(chip.step_time_s(*step))
+    assert default["gqa/dense:attn_decode"] < 0.1 * ops["gqa/dense:attn_decode"]
+    assert added == pytest.approx((ops["gqa/dense:attn_decode"] - default["gqa/dense:attn_decode"])
+                                  * chip.factors.decode_scale, rel=1e-9)
+    with pytest.raises(ServecastError, match="attention_backend: allowed default, triton"):
+        build_step_model(arch, hw, plan, attention_backend="flash", **kw)

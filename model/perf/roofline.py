@@ -28,6 +28,7 @@ import numpy as np
 
 from model.perf import kernels
 from model.perf.kernels import KernelParams, params_for
+from model.specs.defaults import TRITON_2D_TILE_S, TRITON_2D_TILE_TOKENS, TRITON_3D_MAX_GRID
 from model.specs.dtypes import dtype as _dtype
 from model.specs.errors import Infeasible
 
@@ -378,6 +379,23 @@ def attention_flops_bytes(kind: str, phase: str, batch, new_tokens, context_toke
         idx_flops = idx_flops * INDEXER_RATE_FACTOR.get(lookup_dtype(a.indexer.cache_dtype).rate,
                                                         1.0)
     return flops + idx_flops, bytes_ + idx_bytes, rows
+
+
+def serial_walk_s(kind: str, batch, new_tokens, context_tokens, attention, tp: int = 1):
+    """Seconds one program of vLLM's Triton unified attention takes to walk a sequence's cached
+    keys tile by tile, where the kernel runs its 2D path (a query length over 1, or more
+    sequences per rank than its 3D grid takes): the decode kernel cannot end sooner
+    (model.specs.defaults.TRITON_2D_TILE_S). 0 where it splits the context (3D), and for kinds
+    that run their own kernels (latent, sparse, linear attention)."""
+    b = np.asarray(batch, dtype=float)
+    if ATTENTION_FAMILY.get(kind) != "gqa":
+        return np.zeros_like(b)
+    n = np.asarray(new_tokens, dtype=float)
+    kv_heads = max(1, -(-attention.num_kv_heads // tp))
+    two_d = (n > 1.0) | (b > TRITON_3D_MAX_GRID // kv_heads)
+    window = attention.window if kind == "swa" else None
+    tiles = np.ceil(keys_read(n, context_tokens, window) / TRITON_2D_TILE_TOKENS)
+    return np.where(two_d & (b > 0), tiles * TRITON_2D_TILE_S, 0.0)
 
 
 def attention_time_s(kind: str, phase: str, batch, new_tokens, context_tokens, attention,

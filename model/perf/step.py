@@ -54,6 +54,8 @@ from model.perf.parallel import (
     weight_bytes_per_gpu,
 )
 from model.specs.defaults import (
+    ATTENTION_BACKEND,
+    ATTENTION_BACKENDS,
     EAGER_LAUNCH_S,
     GPU_MEMORY_UTILIZATION,
     KERNEL_LAUNCH,
@@ -97,6 +99,7 @@ class StepModel:
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS  # per step and DP rank
     kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking
     cpu_offload_gib: float = 0.0  # weights per GPU kept in host memory (vLLM --cpu-offload-gb)
+    attention_backend: str = ATTENTION_BACKEND  # default | triton (vLLM --attention-backend)
 
     @cached_property
     def host_weights(self) -> HostWeights:
@@ -183,6 +186,9 @@ class StepModel:
             t = roofline.attention_time_s(att.kind, "decode", dec_r, q,
                                           np.maximum(dctx, 1.0) / ctx_split, att, self.kv_dtype,
                                           hw, heads_split, ideal)
+            if self.attention_backend == "triton" and not ideal:
+                t = np.maximum(t, roofline.serial_walk_s(att.kind, dec_r, q, np.maximum(dctx, 1.0)
+                                                         / ctx_split, att, heads_split))
             out.append((f"{tag}:attn_decode", "attention", count, np.where(has_dec, t, 0.0)))
         ex = layer.mlp.experts
         if ex is not None:
@@ -498,22 +504,27 @@ def build_step_model(arch: Architecture, hw, plan: ParallelPlan, precision: str 
                      spec_method: str = "mtp",
                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
                      kernel_launch: str = KERNEL_LAUNCH,
-                     cpu_offload_gib: float = 0.0) -> StepModel:
+                     cpu_offload_gib: float = 0.0,
+                     attention_backend: str = ATTENTION_BACKEND) -> StepModel:
     """Validate the plan and build the step model; raises Infeasible if the plan breaks a rule
     or the weights leave no KV cache. `factors`: the engine factors (default: the backend's
     stored ones, `model.perf.engine_factors`). `kernel_launch`: CUDA graphs, eager or eager with
     blocking launches (model.specs.defaults.KERNEL_LAUNCH_MODES). `cpu_offload_gib`: weights per
     GPU kept in host memory and read over the host link each step (model.perf.host_weights,
-    vLLM --cpu-offload-gb). Memoized: the same inputs give
+    vLLM --cpu-offload-gb). `attention_backend`: the attention kernels
+    (model.specs.defaults.ATTENTION_BACKENDS). Memoized: the same inputs give
     the same object."""
     _check_speculation(spec_tokens, spec_acceptance, acceptance_length)
     if kernel_launch not in KERNEL_LAUNCH_MODES:
         raise ServecastError(f"kernel_launch: allowed {', '.join(KERNEL_LAUNCH_MODES)}, got "
                              f"{kernel_launch!r}")
+    if attention_backend not in ATTENTION_BACKENDS:
+        raise ServecastError(f"attention_backend: allowed {', '.join(ATTENTION_BACKENDS)}, got "
+                             f"{attention_backend!r}")
     return _build(arch, hw, plan, precision, kv_dtype, backend, spec_tokens, spec_acceptance,
                   factors or engine_factors(backend), check_fit, moe_precision, cross_domain_tp,
                   acceptance_length, spec_method, int(max_num_batched_tokens), kernel_launch,
-                  _offload_gib(cpu_offload_gib))
+                  _offload_gib(cpu_offload_gib), attention_backend)
 
 
 def kernels_per_step(times) -> np.ndarray:
@@ -553,13 +564,14 @@ def _build(arch: Architecture, hw, plan: ParallelPlan, precision: str | None,
            kv_dtype: str | None, backend: str, spec_tokens: int, spec_acceptance: float,
            factors: EngineFactors, check_fit: bool, moe_precision: str | None,
            cross_domain_tp: bool, acceptance_length: float, spec_method: str,
-           max_num_batched_tokens: int, kernel_launch: str, cpu_offload_gib: float) -> StepModel:
+           max_num_batched_tokens: int, kernel_launch: str, cpu_offload_gib: float,
+           attention_backend: str) -> StepModel:
     arch = with_precision(arch, precision, moe_precision)
     plan = normalize_plan(arch, plan)
     validate_plan(arch, hw, plan, cross_domain_tp)
     model = StepModel(arch, hw, plan, kv_dtype or arch.default_kv_dtype, backend, factors,
                       spec_tokens, spec_acceptance, acceptance_length, spec_method,
-                      max_num_batched_tokens, kernel_launch, cpu_offload_gib)
+                      max_num_batched_tokens, kernel_launch, cpu_offload_gib, attention_backend)
     if check_fit and model.kv_pool_bytes_per_gpu <= 0:
         raise Infeasible(f"{arch.name} weights need {model.weight_bytes_per_gpu / 1e9:.1f} GB per "
                          f"GPU under {plan.label()}: with the activations of "

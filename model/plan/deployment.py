@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from model.perf.parallel import ParallelPlan
 from model.specs.defaults import (
+    ATTENTION_BACKEND,
     FRONTENDS,
     KERNEL_LAUNCH,
     MAX_NUM_BATCHED_TOKENS,
@@ -119,6 +120,7 @@ class Deployment:
     prefill_schedule_interval: int = 1
     kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking (EnginePolicy)
     cpu_offload_gib: float = 0.0  # weights per GPU in host memory (EnginePolicy)
+    attention_backend: str = ATTENTION_BACKEND  # default | triton (EnginePolicy)
     # the request front end (model.specs.defaults.FRONTENDS); None: its tokenization alone
     frontend: str | None = None
     kv_connector: str = "NixlConnector"
@@ -169,7 +171,8 @@ class Deployment:
                          "long_prefill_token_threshold": self.long_prefill_token_threshold,
                          "prefill_schedule_interval": self.prefill_schedule_interval,
                          "kernel_launch": self.kernel_launch,
-                         "cpu_offload_gib": self.cpu_offload_gib, "frontend": self.frontend}
+                         "cpu_offload_gib": self.cpu_offload_gib,
+                         "attention_backend": self.attention_backend, "frontend": self.frontend}
         return {**out, **self.extras}
 
 

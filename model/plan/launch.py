@@ -75,6 +75,8 @@ def _vllm_engine_flags(dep: Deployment, role: str) -> list[str]:
         flags += ["--prefill-schedule-interval", str(dep.prefill_schedule_interval)]
     if dep.cpu_offload_gib > 0:  # GiB per GPU, as vLLM's flag counts them
         flags += ["--cpu-offload-gb", f"{dep.cpu_offload_gib:g}"]
+    if dep.attention_backend == "triton":
+        flags += ["--attention-backend", "TRITON_ATTN"]
     return flags
 
 
@@ -137,6 +139,9 @@ def sglang_commands(dep: Deployment) -> list[str]:
         if dep.cpu_offload_gib > 0:
             notes = notes + [f"weights in host memory ({dep.cpu_offload_gib:g} GiB per GPU, "
                              "vLLM's --cpu-offload-gb): not expressed"]
+        if dep.attention_backend == "triton":
+            notes = notes + ["vLLM's Triton attention (--attention-backend TRITON_ATTN), as "
+                             "modelled: not expressed; SGLang runs its own kernels"]
         out += [f"# note: {n}" for n in notes + fmt_notes]
         out.append(f"# {role}: {phase.instances} instance(s) on {phase.hardware}")
         out.append(_join([*base, *flags, *fmt_flags, *chunk, *extra]))

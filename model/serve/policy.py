@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from model.specs.defaults import (
+    ATTENTION_BACKEND,
+    ATTENTION_BACKENDS,
     FRONTEND_RENDER_S_PER_PROMPT_TOKEN,
     FRONTEND_S_PER_PROMPT_TOKEN,
     FRONTENDS,
@@ -31,6 +33,8 @@ class EnginePolicy:
     counter is shared across DP ranks, so prefill lands on the same steps everywhere (1 = off).
     `kernel_launch`: how a step's kernels are launched (model.specs.defaults.KERNEL_LAUNCH_MODES:
     CUDA graphs, --enforce-eager, or eager with CUDA_LAUNCH_BLOCKING=1).
+    `attention_backend`: the attention kernels (model.specs.defaults.ATTENTION_BACKENDS: the
+    chip's default, or vLLM's Triton unified attention).
     `cpu_offload_gib`: weights per GPU the engine keeps in host memory and reads over the host
     link every step (vLLM --cpu-offload-gb, in GiB; model.perf.host_weights); 0 = none.
     `frontend_s_per_prompt_token`: seconds the API server in front of the engine spends per
@@ -46,6 +50,7 @@ class EnginePolicy:
     kernel_launch: str = KERNEL_LAUNCH
     frontend_s_per_prompt_token: float = 0.0
     cpu_offload_gib: float = 0.0
+    attention_backend: str = ATTENTION_BACKEND
 
     def __post_init__(self) -> None:
         rate = self.frontend_s_per_prompt_token
@@ -60,6 +65,10 @@ class EnginePolicy:
         if self.kernel_launch not in KERNEL_LAUNCH_MODES:
             raise ServecastError(f"EnginePolicy: kernel_launch: allowed "
                                  f"{', '.join(KERNEL_LAUNCH_MODES)}, got {self.kernel_launch!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ServecastError(f"EnginePolicy: attention_backend: allowed "
+                                 f"{', '.join(ATTENTION_BACKENDS)}, got "
+                                 f"{self.attention_backend!r}")
         checks = (
             ("max_num_batched_tokens", self.max_num_batched_tokens, 1),
             ("max_num_seqs", self.max_num_seqs, 1),
@@ -111,7 +120,8 @@ class EnginePolicy:
                 "long_prefill_token_threshold": self.long_prefill_token_threshold,
                 "prefill_schedule_interval": self.prefill_schedule_interval,
                 "kernel_launch": self.kernel_launch,
-                "cpu_offload_gib": self.cpu_offload_gib}
+                "cpu_offload_gib": self.cpu_offload_gib,
+                "attention_backend": self.attention_backend}
 
 
 def default_threshold(max_model_len: int, max_num_partial_prefills: int = 1) -> int:

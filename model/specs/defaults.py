@@ -22,6 +22,23 @@ KERNEL_LAUNCH = "cuda-graphs"
 # https://github.com/facebookresearch/HolisticTraceAnalysis docs/source/features/
 # cuda_kernel_launch_stats.rst); the range's lower middle is taken, an assumption.
 EAGER_LAUNCH_S = 10e-6
+# The attention kernels the engine runs (vLLM --attention-backend). `default`: the backend vLLM
+# picks for the model on the chip (FlashAttention, FlashInfer, the model's own kernels), which
+# splits a long context across programs. `triton`: vLLM's Triton unified attention, whose 2D path,
+# taken for every speculative-decoding verify step (query length > 1) and above
+# TRITON_3D_MAX_GRID // KV heads sequences, walks each sequence's whole context in one program
+# (vllm/v1/attention/ops/triton_unified_attention.py; vLLM pull 53930: "-61% at 50K context on an
+# A100" with speculative decoding).
+ATTENTION_BACKENDS = ("default", "triton")
+ATTENTION_BACKEND = "default"
+TRITON_3D_MAX_GRID = 128  # vLLM triton_attn MIN_LAUNCH_GRID_SIZE_2D
+TRITON_2D_TILE_TOKENS = 32  # the 2D path's KV tile (TILE_SIZE_PREFILL)
+# One program's time per KV tile of that walk: 835.5 us over 16,384 tokens (512 tiles) on an
+# A100-SXM4-80GB, 28 query / 4 KV heads, head dim 128, bf16, query length 16, torch profiler
+# (github.com/cadamcat/dual-radeon-vllm benchmarks/cuda-a100/52684-kv-depth/kv_depth3.jsonl,
+# 2026-08-31). The loop is latency-bound (ncu: DRAM under 1%, vLLM pull 43257), so more bandwidth
+# does not shorten it; taken unchanged to every GPU (an assumption: a faster clock would).
+TRITON_2D_TILE_S = 835.5e-6 / 512
 # What a blocking launch adds: the host waits for the kernel's completion before it returns.
 # NVIDIA's "Getting Started with CUDA Graphs" (developer.nvidia.com/blog/cuda-graphs, V100) times
 # a 2.9 us kernel at 9.6 us per kernel with a stream synchronization after each launch and

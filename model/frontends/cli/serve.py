@@ -10,7 +10,12 @@ import typer
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit, emit_plain, positive
 from model.frontends.cli.perf import ATTENTION_DP_HELP, FRONTEND_HELP, REDUNDANT_HELP
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, TURN_GAP_CAP_S
+from model.specs.defaults import (
+    ATTENTION_BACKENDS,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    TURN_GAP_CAP_S,
+)
 from model.specs.errors import ServecastError
 
 # `workload show` draws this many sessions at most: 100,000 take about 4 s and 0.6 GB
@@ -108,6 +113,9 @@ def register(app: typer.Typer) -> None:
         cpu_offload_gb: float = typer.Option(
             0.0, "--cpu-offload-gb", min=0.0, help="weights per GPU, in GiB as vLLM's flag counts "
             "them, kept in host memory and read over the host link every step"),
+        attention_backend: str = typer.Option(
+            "default", "--attention-backend", help="default (the chip's own kernels) | triton "
+            "(vLLM's TRITON_ATTN: a speculative verify step walks each context in one program)"),
         frontend: str = typer.Option(None, "--frontend", help=FRONTEND_HELP),
         slo_p90_interactivity: float = typer.Option(
             None, "--slo-p90-interactivity", callback=positive,
@@ -158,7 +166,7 @@ def _serve_answer(arch: str, hardware: str, workload: str, concurrency: int | No
                   hit_rate: float | None, cache_policy: str, cache_tiers: str,
                   prefetch_reload: bool, infinite_cache: bool, long_prefill_token_threshold: int,
                   max_num_batched_tokens: int, max_num_seqs: int, prefill_schedule_interval: int,
-                  cpu_offload_gb: float, frontend: str | None,
+                  cpu_offload_gb: float, attention_backend: str, frontend: str | None,
                   slo_p90_interactivity: float | None, precision: str | None,
                   kv_dtype: str | None, tp: int, pp: int, dp: int, ep: int, moe_tp: int | None,
                   dcp: int, pcp: int, attention_dp: bool, redundant_experts: int,
@@ -169,9 +177,13 @@ def _serve_answer(arch: str, hardware: str, workload: str, concurrency: int | No
     from model.serve.policy import EnginePolicy
     from model.specs.workload import load_workload
 
+    if attention_backend not in ATTENTION_BACKENDS:
+        raise ServecastError(f"--attention-backend: allowed {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {attention_backend!r}")
     w = load_workload(readable_workload(workload))
     policy = EnginePolicy(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
-                          prefill_schedule_interval, cpu_offload_gib=float(cpu_offload_gb))
+                          prefill_schedule_interval, cpu_offload_gib=float(cpu_offload_gb),
+                          attention_backend=attention_backend)
     load = _load(concurrency, rate, interarrival_cv, gap_cap_s, w)
     tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
     cache = {"hit_rate": hit_rate, "infinite": infinite_cache, "policy": cache_policy,
