@@ -94,6 +94,7 @@ CASES += [
     # a bad name is named even where the plan could not fit (minimax-m3 on one B300)
     (EST + ["--kv-dtype", "int3"], "unknown dtype 'int3'"),
     (EST + ["--arrival", "bogus"], "unknown arrival 'bogus'"),
+    (EST + ["--attention-backend", "flash"], "--attention-backend: allowed default, triton"),
     # prefill workers exist only when disaggregated: had been ignored without a word
     (SERVE + ["--prefill-hardware", "h100"], "--prefill-hardware h100: prefill workers"),
     (["plan", "--mode", "aggregated", "--prefill-hardware", "h100"],

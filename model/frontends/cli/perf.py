@@ -94,6 +94,9 @@ def estimate_cmd(
     cpu_offload_gb: float = typer.Option(
         0.0, "--cpu-offload-gb", min=0.0, help="weights per GPU kept in host memory, in GiB as "
         "vLLM's flag counts them; read over the host link each step"),
+    attention_backend: str = typer.Option(
+        "default", "--attention-backend", help="default (the chip's own kernels) | triton "
+        "(vLLM's TRITON_ATTN: a speculative verify step walks each context in one program)"),
     breakdown: bool = typer.Option(False, "--breakdown", help="per-op table and bottleneck"),
     allow_beyond_window: bool = typer.Option(
         False, "--allow-beyond-window", help="extrapolate past the model's context window "
@@ -129,7 +132,7 @@ def estimate_cmd(
                    backend=backend, breakdown=breakdown,
                    max_num_batched_tokens=max_num_batched_tokens, moe_precision=moe_precision,
                    arrival=arrival, spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
-                   cpu_offload_gib=float(cpu_offload_gb))
+                   cpu_offload_gib=float(cpu_offload_gb), attention_backend=attention_backend)
     out.pop("components", None)
     if beyond:
         out["assumptions"] = [beyond]
