@@ -1,7 +1,8 @@
 """`servecast plan --deployment LABEL` reports what `servecast serve --deployment LABEL` reports
 for it with the same engine settings: both run the full tier through
 model.plan.evaluate.evaluate_deployment, here in separate processes (no shared memo), on an
-aggregated TP replica, DEP8 with a threshold and a disaggregated deployment."""
+aggregated TP replica, DEP8 with a threshold, a disaggregated deployment and a replica on vLLM's
+Triton attention."""
 
 import pytest
 
@@ -17,6 +18,10 @@ CASES = {
     # DeepSeek V4 Pro, one DEP4 prefill worker and one DEP8 decode worker on 12 GB300
     "1p1d": (("--arch", "deepseek-v4-pro", "--hardware", "gb300-nvl72", "--deployment",
               "1P[dp4-ep4]1D[dp8-ep8]", "--concurrency", "256"), ()),
+    # MiniMax M3 on 8 H200, TP8, 4 sessions on vLLM's Triton attention (InferenceX's AgentX
+    # launcher benchmarks/single_node/agentic/minimaxm3_fp8_h200_mtp.sh: TRITON_ATTN)
+    "triton": (("--arch", "minimax-m3", "--hardware", "h200", "--deployment", "tp8-moetp8",
+                "--concurrency", "4", "--attention-backend", "triton"), ()),
 }
 FCFS = ("--long-prefill-token-threshold", "0", "--prefill-schedule-interval", "1")
 
@@ -39,6 +44,9 @@ def test_plan_deployment_reports_what_serve_reports(cli, case):
     for key in ("tco_usd_per_hour", "usd_per_mtok", "api_equivalent_usd_per_hour",
                 "cost_advantage", "launch_commands"):
         assert key in p
+    if "--attention-backend" in common:  # the setting reached the engines and their launch line
+        assert p["deployment"]["engine"]["attention_backend"] == "triton"
+        assert "--attention-backend TRITON_ATTN" in p["launch_commands"]["vllm"][-1]
 
 
 def test_bad_deployment_label_is_one_line(cli):

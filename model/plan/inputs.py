@@ -17,7 +17,7 @@ from model.serve.cache_replay import check_policy
 from model.serve.deployment import CacheChoice
 from model.serve.policy import EnginePolicy, frontend_rate_s_per_token
 from model.serve.request_mix import request_mix_for
-from model.specs.defaults import MAX_NUM_BATCHED_TOKENS
+from model.specs.defaults import ATTENTION_BACKEND, MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
 from model.specs.precision import with_precision
 from model.specs.recipes import SPEC_OFF, recipe_settings
@@ -46,6 +46,7 @@ class PlanInputs:
     beyond_window: str | None = None  # the assumption to report when requests pass the window
     cpu_offload_gib: float = 0.0  # weights per GPU each engine keeps in host memory
     frontend: str | None = None  # the request front end (Deployment.frontend)
+    attention_backend: str = ATTENTION_BACKEND  # the engines' attention kernels (EnginePolicy)
 
     @property
     def cache_inputs(self):
@@ -109,13 +110,16 @@ def resolve_inputs(arch, hardware, workload, choices: ServingChoices = ServingCh
                    prefill_hardware=None,
                    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
                    traffic: Traffic | None = None, cpu_offload_gib: float = 0.0,
-                   frontend: str | None = None) -> PlanInputs:
+                   frontend: str | None = None,
+                   attention_backend: str = ATTENTION_BACKEND) -> PlanInputs:
     """A plan's inputs: the serving setup plus the screening's traffic and cache inputs;
     `cpu_offload_gib`: weights per GPU each engine keeps in host memory (vLLM --cpu-offload-gb,
-    in GiB); `frontend`: the request front end (model.specs.defaults.FRONTENDS)."""
+    in GiB); `frontend`: the request front end (model.specs.defaults.FRONTENDS);
+    `attention_backend`: the engines' attention kernels (model.specs.defaults.ATTENTION_BACKENDS)."""
     if int(max_num_batched_tokens) < 1:
         raise ServecastError(f"max_num_batched_tokens={max_num_batched_tokens}: must be >= 1")
-    offload = float(EnginePolicy(cpu_offload_gib=cpu_offload_gib).cpu_offload_gib)  # validated
+    engine = EnginePolicy(cpu_offload_gib=cpu_offload_gib,
+                          attention_backend=attention_backend)  # validated
     frontend_rate_s_per_token(frontend)  # validated
     setup = setup_for(arch, hardware, workload, choices, prefill_hardware)
     a, w = setup.arch, setup.workload
@@ -126,8 +130,8 @@ def resolve_inputs(arch, hardware, workload, choices: ServingChoices = ServingCh
                       traffic or traffic_for(w, choices.hit_rate),
                       served_kv_bytes_per_token(a, setup.precision, setup.kv_dtype),
                       int(max_num_batched_tokens), setup,
-                      workload_within_window(a, w, choices.allow_beyond_window), offload,
-                      frontend)
+                      workload_within_window(a, w, choices.allow_beyond_window),
+                      float(engine.cpu_offload_gib), frontend, engine.attention_backend)
 
 
 def workload_within_window(arch, workload, allow_beyond: bool = False) -> str | None:

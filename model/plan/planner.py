@@ -73,6 +73,7 @@ from model.plan.search_cache import DEFAULT_TIERS
 from model.plan.traffic import Traffic
 from model.serve.deployment import DeploymentServing
 from model.specs.defaults import (
+    ATTENTION_BACKEND,
     DEFAULT_API_MODEL,
     MAX_NUM_BATCHED_TOKENS,
     MODES,
@@ -162,7 +163,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
          slo_p90_ttft_s: float | None = None, deployment: str | None = None,
          prefill_schedule_interval: int | None = None, pareto_points: int = 0,
          allow_beyond_window: bool = False, cpu_offload_gib: float = 0.0,
-         frontend: str | None = None) -> PlanResult:
+         frontend: str | None = None, attention_backend: str = ATTENTION_BACKEND) -> PlanResult:
     """Search deployments of `arch` on `gpus` x `hardware` for `workload`; the best under the SLO.
 
     `slo_p90_ttft_s`: also require P90 TTFT at most this;
@@ -189,7 +190,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
     engine keeps in host memory (vLLM --cpu-offload-gb, model.perf.host_weights): plans whose
     weights fit only then become candidates, each step reads them over the host link, and the
     KV pool takes the HBM they leave; `frontend`: the request front end the full tier puts before
-    the engines (Deployment.frontend; None: its tokenization alone)."""
+    the engines (Deployment.frontend; None: its tokenization alone); `attention_backend`: the
+    engines' attention kernels (model.specs.defaults.ATTENTION_BACKENDS)."""
     started = time.perf_counter()
     shape, gpus = _shape(deployment, gpus, modes)
     slo = _slo(slo_p90_interactivity, slo_p90_ttft_s, modes)
@@ -197,7 +199,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
                              recipe, cache_policy, tuple(cache_tiers), finite_cache, hit_rate,
                              allow_beyond_window=allow_beyond_window)
     inputs = resolve_inputs(arch, hardware, workload, choices, prefill_hardware,
-                            max_num_batched_tokens, traffic, cpu_offload_gib, frontend)
+                            max_num_batched_tokens, traffic, cpu_offload_gib, frontend,
+                            attention_backend)
     modes = (shape.mode,) if shape is not None else tuple(modes)
     fixed = None if concurrency is None else tuple(sorted({int(c) for c in concurrency}))
     grid = fixed or session_grid(gpus)
@@ -293,7 +296,8 @@ def deployment_of(row: pd.Series, inputs: PlanInputs) -> Deployment:
               "frontend": inputs.frontend,
               "long_prefill_token_threshold": int(row["threshold"]),
               "prefill_schedule_interval": int(row["interval"]),
-              "cpu_offload_gib": float(row["_model"].step.cpu_offload_gib)}
+              "cpu_offload_gib": float(row["_model"].step.cpu_offload_gib),
+              "attention_backend": row["_model"].step.attention_backend}
     if row["mode"] == "aggregated":
         pm = row["_model"]
         return Deployment(mode="aggregated", replica=PhaseConfig(

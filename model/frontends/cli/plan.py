@@ -9,7 +9,13 @@ import typer
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit_plain, positive
 from model.frontends.cli.perf import FRONTEND_HELP
-from model.specs.defaults import DEFAULT_API_MODEL, DEFAULT_SCENARIO, MAX_NUM_BATCHED_TOKENS, MODES
+from model.specs.defaults import (
+    ATTENTION_BACKENDS,
+    DEFAULT_API_MODEL,
+    DEFAULT_SCENARIO,
+    MAX_NUM_BATCHED_TOKENS,
+    MODES,
+)
 
 PARETO_POINTS = 8  # full-tier points added along the screening's front with --pareto
 # the search's work grows with the step budget: 131,072 tokens (16x vLLM's default) takes about
@@ -74,6 +80,9 @@ def register(app: typer.Typer) -> None:
         cpu_offload_gb: float = typer.Option(
             0.0, "--cpu-offload-gb", min=0.0, help="Weights per GPU every engine keeps in host "
             "memory, in GiB as vLLM's flag counts them; read over the host link each step."),
+        attention_backend: str = typer.Option(
+            "default", "--attention-backend", help="default (the chip's own kernels) | triton "
+            "(vLLM's TRITON_ATTN: a speculative verify step walks each context in one program)."),
         frontend: str = typer.Option(None, "--frontend", help=FRONTEND_HELP),
         allow_beyond_window: bool = typer.Option(
             False, "--allow-beyond-window", help="Serve workload requests past the model's "
@@ -93,13 +102,16 @@ def _plan_answer(arch: str, hardware: str, gpus: int | None, workload: str,
                  max_num_batched_tokens: int, concurrency: str | None, deployment: str | None,
                  mode: str | None, prefill_hardware: str | None, precision: str | None,
                  kv_dtype: str | None, cache_policy: str, cache_tiers: str, api_model: str,
-                 cost_basis: str, pareto: bool, cpu_offload_gb: float, frontend: str | None,
-                 allow_beyond_window: bool) -> dict:
+                 cost_basis: str, pareto: bool, cpu_offload_gb: float, attention_backend: str,
+                 frontend: str | None, allow_beyond_window: bool) -> dict:
     """The plan's answer (its contract, and the Pareto front with `pareto`) for the command's
     options."""
     from model.plan.planner import plan
     from model.specs.errors import ServecastError
 
+    if attention_backend not in ATTENTION_BACKENDS:
+        raise ServecastError(f"--attention-backend: allowed {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {attention_backend!r}")
     if mode is not None and mode not in MODES:
         raise ServecastError(f"--mode {mode!r}: allowed {', '.join(MODES)}")
     if prefill_hardware is not None and mode == "aggregated":
@@ -123,7 +135,7 @@ def _plan_answer(arch: str, hardware: str, gpus: int | None, workload: str,
                   max_num_batched_tokens=max_num_batched_tokens,
                   pareto_points=PARETO_POINTS if pareto else 0,
                   allow_beyond_window=allow_beyond_window, cpu_offload_gib=float(cpu_offload_gb),
-                  frontend=frontend)
+                  frontend=frontend, attention_backend=attention_backend)
     out = result.contract()
     if pareto:
         out["pareto"] = result.pareto.to_dict(orient="records")
