@@ -140,7 +140,10 @@ chart
 # program, 32 keys a tile, one tile after another (`roofline.serial_walk_s`). Each tile costs about
 # 1.6 us whatever the bandwidth (measured on an A100, `model.specs.defaults.TRITON_2D_TILE_S`), so a
 # dense attention layer at 100K tokens takes about 5 ms where its bytes need tens of microseconds.
-# A step model built with `attention_backend="triton"` takes the slower of the two.
+# A step model built with `attention_backend="triton"` takes the slower of the two. The programs
+# run side by side, so the step waits for the batch's longest context: the serving model takes
+# the expected longest of its workload's decoding contexts (`model.perf.context_spread`), about
+# 2.7 times the mean for 8 sequences when contexts spread as an exponential law.
 
 # %%
 from model.perf import roofline as rl

@@ -254,3 +254,32 @@ def test_triton_verify_steps_walk_each_context_in_one_program():
                                   * chip.factors.decode_scale, rel=1e-9)
     with pytest.raises(ServecastError, match="attention_backend: allowed default, triton"):
         build_step_model(arch, hw, plan, attention_backend="flash", **kw)
+
+
+def test_a_triton_step_waits_for_the_longest_decoding_context():
+    # The 2D kernel ends with its longest program (model.perf.context_spread): over b contexts
+    # drawn from an exponential law, E[longest] = mean x H_b, the harmonic number (the maximum
+    # of b iid exponentials; e.g. David & Nagaraja, Order Statistics, 3rd ed., sec. 3.1).
+    from model.perf.context_spread import longest_context_ratio, with_decode_contexts
+
+    contexts = np.random.default_rng(0).exponential(100_000.0, 400_000)
+    grid, ratio = longest_context_ratio(contexts, np.ones_like(contexts))
+    for b in (1.0, 2.0, 4.0, 8.0, 16.0):
+        assert ratio[grid.index(b)] == pytest.approx(sum(1 / k for k in range(1, int(b) + 1)),
+                                                     rel=0.01)
+    # equal contexts (a fixed-length benchmark) have no spread
+    assert set(longest_context_ratio(np.full(100, 8192.0), np.ones(100))[1]) == {1.0}
+    arch, hw = load_architecture("minimax-m3"), load_hardware("h200-sxm")
+    kw = {"precision": "experts=mxfp8_w8a16", "kv_dtype": "fp8", "spec_tokens": 3,
+          "acceptance_length": 2.78, "spec_method": "eagle3"}
+    plan = ParallelPlan(tp=8, moe_tp=8)
+    chip = build_step_model(arch, hw, plan, **kw)
+    assert with_decode_contexts(chip, contexts, np.ones_like(contexts)) is chip  # nothing moves
+    triton = build_step_model(arch, hw, plan, attention_backend="triton", **kw)
+    spread = with_decode_contexts(triton, contexts, np.ones_like(contexts))
+    assert with_decode_contexts(triton, contexts, np.ones_like(contexts)) is spread  # one object
+    # 8 sequences at a 100K mean: the 3 GQA layers walk the expected longest context, H_8 x 100K
+    ops = {o["op"]: o["time_s"] for o in spread.breakdown(0.0, 0.0, 8.0, 100_000.0)["ops"]}
+    longest = ratio[grid.index(8.0)] * 100_000.0
+    assert ops["gqa/dense:attn_decode"] == pytest.approx(
+        3 * np.ceil(longest / 32) * 835.5e-6 / 512, rel=1e-9)

@@ -100,6 +100,9 @@ class StepModel:
     kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking
     cpu_offload_gib: float = 0.0  # weights per GPU kept in host memory (vLLM --cpu-offload-gb)
     attention_backend: str = ATTENTION_BACKEND  # default | triton (vLLM --attention-backend)
+    # (batch grid, E[longest decoding context] / mean) where kernels wait for the longest
+    # (model.perf.context_spread); () = every context at the mean
+    decode_context_max_ratio: tuple = ()
 
     @cached_property
     def host_weights(self) -> HostWeights:
@@ -187,8 +190,9 @@ class StepModel:
                                           np.maximum(dctx, 1.0) / ctx_split, att, self.kv_dtype,
                                           hw, heads_split, ideal)
             if self.attention_backend == "triton" and not ideal:
-                t = np.maximum(t, roofline.serial_walk_s(att.kind, dec_r, q, np.maximum(dctx, 1.0)
-                                                         / ctx_split, att, heads_split))
+                longest = np.maximum(dctx, 1.0) / ctx_split * self._longest_ratio(dec_r)
+                t = np.maximum(t, roofline.serial_walk_s(att.kind, dec_r, q, longest, att,
+                                                         heads_split))
             out.append((f"{tag}:attn_decode", "attention", count, np.where(has_dec, t, 0.0)))
         ex = layer.mlp.experts
         if ex is not None:
@@ -214,6 +218,13 @@ class StepModel:
                 t = np.where(np.asarray(c.bytes) > 0, t, 0.0)
             out.append((f"{tag}:{c.name}", "network", c.count, t))
         return out
+
+    def _longest_ratio(self, batch):
+        """E[longest decoding context] / mean at `batch` sequences per rank (1 if unset)."""
+        if not self.decode_context_max_ratio:
+            return 1.0
+        grid, ratio = self.decode_context_max_ratio
+        return np.interp(np.maximum(batch, 1.0), grid, ratio)
 
     def _op_times(self, pre, pctx, dec, dctx, pseqs, pranks=None, ideal=False):
         """List of (name, kind, count, seconds-array) for the busiest GPU over all layers

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.perf.context_spread import with_decode_contexts
 from model.perf.step_table import ExtensionTable, extension_table, lockstep_step_time_s
 from model.serve.policy import EnginePolicy
 from model.specs.workload import RequestMix
@@ -173,6 +174,7 @@ def rank_engine(step_model, sample: RequestMix, policy: EnginePolicy, dp: int,
     w = decode_steps.sum()
     c = sample.context_tokens
     c_d = float(np.sum(decode_steps * (c + o / 2.0)) / w) if w > 0 else float(c.mean())
+    step_model = with_decode_contexts(step_model, c + o / 2.0, decode_steps)
     table = extension_table(step_model, dp, c_d, policy.max_num_batched_tokens,
                             policy.max_num_seqs)
     reload = np.zeros(len(c)) if reload_s is None else reload_s

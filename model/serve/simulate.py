@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.perf.context_spread import with_longest_context
 from model.serve.policy import EnginePolicy
 from model.serve.request_mix import request_mix_for
 from model.serve.siblings import subagent_chains
@@ -436,7 +437,9 @@ def _rank_times(step_model, reqs: _Requests, plans, dp: int, context_offset_toke
     total = float(p_tok.sum())
     n_dec = float(sum(len(dec) for dec, _ in plans))
     decs = [i for dec, _ in plans for i in dec]
-    d_ctx = float(np.mean(reqs.context_tokens[decs] + reqs.generated_tokens[decs])) + context_offset_tokens if decs else 0.0
+    d_ctxs = reqs.context_tokens[decs] + reqs.generated_tokens[decs] + context_offset_tokens
+    d_ctx = float(np.mean(d_ctxs)) if decs else 0.0
+    step_model = with_longest_context(step_model, d_ctxs)  # kernels that wait for the longest
     if total <= 0:
         return float(step_model.step_time_s(0.0, 0.0, n_dec, d_ctx, 1.0))
     busy = int(np.argmax(p_tok))
