@@ -241,7 +241,9 @@ def test_triton_verify_steps_walk_each_context_in_one_program():
     kw = {"precision": "experts=mxfp8_w8a16", "kv_dtype": "fp8", "spec_tokens": 3,
           "acceptance_length": 2.78, "spec_method": "eagle3"}
     chip = build_step_model(arch, hw, plan, **kw)
-    triton = build_step_model(arch, hw, plan, attention_backend="triton", **kw)
+    # its drafter runs FLASH_ATTN (the launcher's speculative config)
+    triton = build_step_model(arch, hw, plan, attention_backend="triton",
+                              draft_attention_backend="default", **kw)
     step = (0.0, 0.0, 1.0, 100_000.0)
     ops = {o["op"]: o["time_s"] for o in triton.breakdown(*step)["ops"]}
     assert ops["gqa/dense:attn_decode"] == pytest.approx(3 * 3125 * 835.5e-6 / 512, rel=1e-9)
@@ -283,3 +285,23 @@ def test_a_triton_step_waits_for_the_longest_decoding_context():
     longest = ratio[grid.index(8.0)] * 100_000.0
     assert ops["gqa/dense:attn_decode"] == pytest.approx(
         3 * np.ceil(longest / 32) * 835.5e-6 / 512, rel=1e-9)
+
+
+def test_a_triton_drafter_walks_once_per_step():
+    # vLLM's EAGLE drafter takes each sequence's verified tokens in its first pass (more than
+    # one query), so on Triton attention that pass walks the context too; its later passes take
+    # one query each (the 3D path). The MI300X/MI325X AgentX launchers give the drafter
+    # TRITON_ATTN, the H100/H200 ones FLASH_ATTN (minimaxm3_fp8_*_mtp.sh speculative configs).
+    arch, hw = load_architecture("minimax-m3"), load_hardware("mi325x")
+    kw = {"precision": "gemm=mxfp8_emulated,experts=bf16", "kv_dtype": "fp8",
+          "spec_tokens": 3, "acceptance_length": 2.78, "spec_method": "eagle3",
+          "attention_backend": "triton"}
+    plan = ParallelPlan(tp=8, moe_tp=8)
+    same = build_step_model(arch, hw, plan, **kw)  # the drafter follows the target (vLLM)
+    flash = build_step_model(arch, hw, plan, draft_attention_backend="default", **kw)
+    step = (0.0, 0.0, 1.0, 100_000.0)
+    walked = {o["op"]: o["time_s"] for o in same.breakdown(*step)["ops"]}
+    assert walked["draft:attn_walk"] == pytest.approx(3125 * 835.5e-6 / 512, rel=1e-9)
+    assert "draft:attn_walk" not in {o["op"] for o in flash.breakdown(*step)["ops"]}
+    with pytest.raises(ServecastError, match="draft_attention_backend: allowed same, default"):
+        build_step_model(arch, hw, plan, draft_attention_backend="flash", **kw)

@@ -53,18 +53,18 @@ from model.perf.parallel import (
     validate_plan,
     weight_bytes_per_gpu,
 )
+from model.perf.step_inputs import check_choices, check_speculation, offload_gib
 from model.specs.defaults import (
     ATTENTION_BACKEND,
-    ATTENTION_BACKENDS,
+    DRAFT_ATTENTION_BACKEND,
     EAGER_LAUNCH_S,
     GPU_MEMORY_UTILIZATION,
     KERNEL_LAUNCH,
-    KERNEL_LAUNCH_MODES,
     MAX_NUM_BATCHED_TOKENS,
     SYNC_ROUND_TRIP_S,
 )
 from model.specs.dtypes import dtype as lookup_dtype
-from model.specs.errors import Infeasible, ServecastError
+from model.specs.errors import Infeasible
 from model.specs.layers import Architecture, Layer
 from model.specs.precision import with_precision
 
@@ -100,6 +100,7 @@ class StepModel:
     kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking
     cpu_offload_gib: float = 0.0  # weights per GPU kept in host memory (vLLM --cpu-offload-gb)
     attention_backend: str = ATTENTION_BACKEND  # default | triton (vLLM --attention-backend)
+    draft_attention_backend: str = DRAFT_ATTENTION_BACKEND  # same | default | triton
     # (batch grid, E[longest decoding context] / mean) where kernels wait for the longest
     # (model.perf.context_spread); () = every context at the mean
     decode_context_max_ratio: tuple = ()
@@ -275,6 +276,15 @@ class StepModel:
         t = roofline.gemm_time_s(dec / p.dp, head_rows / p.tp, arch.lm_head.in_features,
                                  arch.lm_head.dtype, self.hw, ideal)
         out.append(("draft:lm_head", "gemm", self.spec_tokens, np.where(dec > 0, t, 0.0)))
+        drafter = self.draft_attention_backend
+        if (self.attention_backend if drafter == "same" else drafter) == "triton" and not ideal:
+            # the first pass takes each sequence's verified tokens: the 2D path's walk
+            att = layer.attention
+            heads_split, ctx_split = decode_attention_split(att, p)
+            longest = np.maximum(dctx, 1.0) / ctx_split * self._longest_ratio(dec / p.dp)
+            t = roofline.serial_walk_s(att.kind, dec / p.dp, self.tokens_per_decode_step,
+                                       longest, att, heads_split)
+            out.append(("draft:attn_walk", "attention", 1, np.where(dec > 0, t, 0.0)))
         return out
 
     @property
@@ -516,26 +526,24 @@ def build_step_model(arch: Architecture, hw, plan: ParallelPlan, precision: str 
                      max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
                      kernel_launch: str = KERNEL_LAUNCH,
                      cpu_offload_gib: float = 0.0,
-                     attention_backend: str = ATTENTION_BACKEND) -> StepModel:
+                     attention_backend: str = ATTENTION_BACKEND,
+                     draft_attention_backend: str = DRAFT_ATTENTION_BACKEND) -> StepModel:
     """Validate the plan and build the step model; raises Infeasible if the plan breaks a rule
     or the weights leave no KV cache. `factors`: the engine factors (default: the backend's
     stored ones, `model.perf.engine_factors`). `kernel_launch`: CUDA graphs, eager or eager with
     blocking launches (model.specs.defaults.KERNEL_LAUNCH_MODES). `cpu_offload_gib`: weights per
     GPU kept in host memory and read over the host link each step (model.perf.host_weights,
-    vLLM --cpu-offload-gb). `attention_backend`: the attention kernels
-    (model.specs.defaults.ATTENTION_BACKENDS). Memoized: the same inputs give
+    vLLM --cpu-offload-gb). `attention_backend` / `draft_attention_backend`: the target's and
+    the drafter's attention kernels (model.specs.defaults.ATTENTION_BACKENDS,
+    DRAFT_ATTENTION_BACKENDS). Memoized: the same inputs give
     the same object."""
-    _check_speculation(spec_tokens, spec_acceptance, acceptance_length)
-    if kernel_launch not in KERNEL_LAUNCH_MODES:
-        raise ServecastError(f"kernel_launch: allowed {', '.join(KERNEL_LAUNCH_MODES)}, got "
-                             f"{kernel_launch!r}")
-    if attention_backend not in ATTENTION_BACKENDS:
-        raise ServecastError(f"attention_backend: allowed {', '.join(ATTENTION_BACKENDS)}, got "
-                             f"{attention_backend!r}")
+    check_speculation(spec_tokens, spec_acceptance, acceptance_length)
+    check_choices(kernel_launch=kernel_launch, attention_backend=attention_backend,
+                  draft_attention_backend=draft_attention_backend)
     return _build(arch, hw, plan, precision, kv_dtype, backend, spec_tokens, spec_acceptance,
                   factors or engine_factors(backend), check_fit, moe_precision, cross_domain_tp,
                   acceptance_length, spec_method, int(max_num_batched_tokens), kernel_launch,
-                  _offload_gib(cpu_offload_gib), attention_backend)
+                  offload_gib(cpu_offload_gib), attention_backend, draft_attention_backend)
 
 
 def kernels_per_step(times) -> np.ndarray:
@@ -547,42 +555,20 @@ def kernels_per_step(times) -> np.ndarray:
                for name, kind, c, t in times)
 
 
-def _offload_gib(value) -> float:
-    """`cpu_offload_gib` as a number of GiB >= 0 (vLLM's --cpu-offload-gb takes GiB)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
-            or not 0.0 <= float(value) < np.inf:
-        raise ServecastError(f"cpu_offload_gib: must be a number of GiB >= 0, got {value!r}")
-    return float(value)
-
-
-def _check_speculation(spec_tokens: int, spec_acceptance: float, acceptance_length: float
-                       ) -> None:
-    """Speculative decoding inputs within what they can mean: drafts >= 0, a per-position
-    acceptance in [0, 1], a mean acceptance length (tokens per verification step, the target's
-    own included) 0 (unset) or at least 1."""
-    if isinstance(spec_tokens, bool) or not isinstance(spec_tokens, (int, np.integer)) \
-            or spec_tokens < 0:
-        raise ServecastError(f"spec_tokens: must be an integer >= 0, got {spec_tokens!r}")
-    if not 0.0 <= spec_acceptance <= 1.0:
-        raise ServecastError(f"spec_acceptance: must be in [0, 1], got {spec_acceptance!r}")
-    if acceptance_length and not 1.0 <= acceptance_length < np.inf:
-        raise ServecastError(f"acceptance_length: must be 0 (unset) or a number >= 1 (above "
-                             f"1 + drafts it counts as 1 + drafts), got {acceptance_length!r}")
-
-
 @lru_cache(maxsize=256)
 def _build(arch: Architecture, hw, plan: ParallelPlan, precision: str | None,
            kv_dtype: str | None, backend: str, spec_tokens: int, spec_acceptance: float,
            factors: EngineFactors, check_fit: bool, moe_precision: str | None,
            cross_domain_tp: bool, acceptance_length: float, spec_method: str,
            max_num_batched_tokens: int, kernel_launch: str, cpu_offload_gib: float,
-           attention_backend: str) -> StepModel:
+           attention_backend: str, draft_attention_backend: str) -> StepModel:
     arch = with_precision(arch, precision, moe_precision)
     plan = normalize_plan(arch, plan)
     validate_plan(arch, hw, plan, cross_domain_tp)
     model = StepModel(arch, hw, plan, kv_dtype or arch.default_kv_dtype, backend, factors,
                       spec_tokens, spec_acceptance, acceptance_length, spec_method,
-                      max_num_batched_tokens, kernel_launch, cpu_offload_gib, attention_backend)
+                      max_num_batched_tokens, kernel_launch, cpu_offload_gib, attention_backend,
+                      draft_attention_backend)
     if check_fit and model.kv_pool_bytes_per_gpu <= 0:
         raise Infeasible(f"{arch.name} weights need {model.weight_bytes_per_gpu / 1e9:.1f} GB per "
                          f"GPU under {plan.label()}: with the activations of "

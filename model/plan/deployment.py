@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from model.perf.parallel import ParallelPlan
 from model.specs.defaults import (
     ATTENTION_BACKEND,
+    DRAFT_ATTENTION_BACKEND,
     FRONTENDS,
     KERNEL_LAUNCH,
     MAX_NUM_BATCHED_TOKENS,
@@ -121,6 +122,7 @@ class Deployment:
     kernel_launch: str = KERNEL_LAUNCH  # cuda-graphs | eager | eager-blocking (EnginePolicy)
     cpu_offload_gib: float = 0.0  # weights per GPU in host memory (EnginePolicy)
     attention_backend: str = ATTENTION_BACKEND  # default | triton (EnginePolicy)
+    draft_attention_backend: str = DRAFT_ATTENTION_BACKEND  # same | default | triton
     # the request front end (model.specs.defaults.FRONTENDS); None: its tokenization alone
     frontend: str | None = None
     kv_connector: str = "NixlConnector"
@@ -172,7 +174,9 @@ class Deployment:
                          "prefill_schedule_interval": self.prefill_schedule_interval,
                          "kernel_launch": self.kernel_launch,
                          "cpu_offload_gib": self.cpu_offload_gib,
-                         "attention_backend": self.attention_backend, "frontend": self.frontend}
+                         "attention_backend": self.attention_backend,
+                         "draft_attention_backend": self.draft_attention_backend,
+                         "frontend": self.frontend}
         return {**out, **self.extras}
 
 

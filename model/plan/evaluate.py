@@ -70,7 +70,8 @@ def _evaluate(setup: ServingSetup, deployment: Deployment, load: Load,
                           deployment.long_prefill_token_threshold,
                           deployment.prefill_schedule_interval, deployment.kernel_launch,
                           frontend_rate_s_per_token(deployment.frontend),
-                          deployment.cpu_offload_gib, deployment.attention_backend)
+                          deployment.cpu_offload_gib, deployment.attention_backend,
+                          deployment.draft_attention_backend)
     if deployment.mode == "aggregated":
         replica = Workers(worker_step_model(setup, setup.hardware, deployment.replica, True,
                                             policy), deployment.replica.instances)
@@ -103,7 +104,8 @@ def worker_step_model(setup: ServingSetup, hw, phase: PhaseConfig, decodes: bool
                             max_num_batched_tokens=policy.max_num_batched_tokens,
                             kernel_launch=policy.kernel_launch,
                             cpu_offload_gib=policy.cpu_offload_gib,
-                            attention_backend=policy.attention_backend)
+                            attention_backend=policy.attention_backend,
+                            draft_attention_backend=policy.draft_attention_backend)
 
 
 def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency: int,
@@ -128,6 +130,7 @@ def labelled_deployment(shape: DeploymentShape, setup: ServingSetup, concurrency
               "prefill_schedule_interval": policy.prefill_schedule_interval,
               "kernel_launch": policy.kernel_launch, "cpu_offload_gib": policy.cpu_offload_gib,
               "attention_backend": policy.attention_backend,
+              "draft_attention_backend": policy.draft_attention_backend,
               "frontend": frontend}
     if shape.mode == "aggregated":
         return Deployment(mode="aggregated", replica=phase(setup.hardware, shape.replica,

@@ -84,6 +84,9 @@ def vllm_commands(dep: Deployment) -> list[str]:
     model = _checkpoint(dep)
     note = _format(dep).weights_note
     out = [f"# note: {note}"] if note else []
+    if dep.draft_attention_backend != "same":
+        out.append(f"# note: the drafter's attention is {dep.draft_attention_backend} (set "
+                   "the speculative config's attention_backend): not expressed")
     if dep.mode == "aggregated":
         r = dep.replica
         cmd = ["vllm", "serve", model, *vllm_parallel_flags(r), *_vllm_engine_flags(dep, "mixed")]

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 from model.specs.defaults import (
     ATTENTION_BACKEND,
     ATTENTION_BACKENDS,
+    DRAFT_ATTENTION_BACKEND,
+    DRAFT_ATTENTION_BACKENDS,
     FRONTEND_RENDER_S_PER_PROMPT_TOKEN,
     FRONTEND_S_PER_PROMPT_TOKEN,
     FRONTENDS,
@@ -34,7 +36,8 @@ class EnginePolicy:
     `kernel_launch`: how a step's kernels are launched (model.specs.defaults.KERNEL_LAUNCH_MODES:
     CUDA graphs, --enforce-eager, or eager with CUDA_LAUNCH_BLOCKING=1).
     `attention_backend`: the attention kernels (model.specs.defaults.ATTENTION_BACKENDS: the
-    chip's default, or vLLM's Triton unified attention).
+    chip's default, or vLLM's Triton unified attention); `draft_attention_backend`: the
+    drafter's (DRAFT_ATTENTION_BACKENDS; `same` as the target's).
     `cpu_offload_gib`: weights per GPU the engine keeps in host memory and reads over the host
     link every step (vLLM --cpu-offload-gb, in GiB; model.perf.host_weights); 0 = none.
     `frontend_s_per_prompt_token`: seconds the API server in front of the engine spends per
@@ -51,6 +54,7 @@ class EnginePolicy:
     frontend_s_per_prompt_token: float = 0.0
     cpu_offload_gib: float = 0.0
     attention_backend: str = ATTENTION_BACKEND
+    draft_attention_backend: str = DRAFT_ATTENTION_BACKEND
 
     def __post_init__(self) -> None:
         rate = self.frontend_s_per_prompt_token
@@ -69,6 +73,10 @@ class EnginePolicy:
             raise ServecastError(f"EnginePolicy: attention_backend: allowed "
                                  f"{', '.join(ATTENTION_BACKENDS)}, got "
                                  f"{self.attention_backend!r}")
+        if self.draft_attention_backend not in DRAFT_ATTENTION_BACKENDS:
+            raise ServecastError(f"EnginePolicy: draft_attention_backend: allowed "
+                                 f"{', '.join(DRAFT_ATTENTION_BACKENDS)}, got "
+                                 f"{self.draft_attention_backend!r}")
         checks = (
             ("max_num_batched_tokens", self.max_num_batched_tokens, 1),
             ("max_num_seqs", self.max_num_seqs, 1),
@@ -121,7 +129,8 @@ class EnginePolicy:
                 "prefill_schedule_interval": self.prefill_schedule_interval,
                 "kernel_launch": self.kernel_launch,
                 "cpu_offload_gib": self.cpu_offload_gib,
-                "attention_backend": self.attention_backend}
+                "attention_backend": self.attention_backend,
+                "draft_attention_backend": self.draft_attention_backend}
 
 
 def default_threshold(max_model_len: int, max_num_partial_prefills: int = 1) -> int:

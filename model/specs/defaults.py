@@ -31,6 +31,11 @@ EAGER_LAUNCH_S = 10e-6
 # A100" with speculative decoding).
 ATTENTION_BACKENDS = ("default", "triton")
 ATTENTION_BACKEND = "default"
+# The drafter's attention kernels (vLLM speculative_config.attention_backend): `same` as the
+# target's, vLLM's default when the config names none. The drafter's first pass takes each
+# sequence's verified tokens, more than one query, so on `triton` it walks its context too.
+DRAFT_ATTENTION_BACKENDS = ("same", *ATTENTION_BACKENDS)
+DRAFT_ATTENTION_BACKEND = "same"
 TRITON_3D_MAX_GRID = 128  # vLLM triton_attn MIN_LAUNCH_GRID_SIZE_2D
 TRITON_2D_TILE_TOKENS = 32  # the 2D path's KV tile (TILE_SIZE_PREFILL)
 # One program's time per KV tile of that walk: 835.5 us over 16,384 tokens (512 tiles) on an

@@ -32,7 +32,12 @@ from model.plan.deployment import parse_deployment_label
 from model.plan.evaluate import evaluate_deployment, labelled_deployment
 from model.plan.inputs import ServingChoices, setup_for
 from model.serve.policy import EnginePolicy
-from model.specs.defaults import ATTENTION_BACKEND, KERNEL_LAUNCH, MAX_NUM_SEQS
+from model.specs.defaults import (
+    ATTENTION_BACKEND,
+    DRAFT_ATTENTION_BACKEND,
+    KERNEL_LAUNCH,
+    MAX_NUM_SEQS,
+)
 from model.specs.errors import ServecastError
 from model.specs.hardware import load_hardware
 from model.validate.parallel import ordered_map
@@ -114,14 +119,17 @@ def _policy(g: dict, concurrency: int) -> EnginePolicy:
     recipe leaves it; `kernel_launch` as the recipe runs the engine: eager-blocking for
     --enforce-eager with CUDA_LAUNCH_BLOCKING=1, CUDA graphs where it says nothing;
     `cpu_offload_gib` as the recipe's --cpu-offload-gb; `attention_backend` as its
-    --attention-backend, the chip's default where it names none)."""
+    --attention-backend, the chip's default where it names none; `draft_attention_backend` as
+    its speculative config's, the target's where it names none)."""
     return EnginePolicy(int(_at(g["max_num_batched_tokens"], concurrency)),
                         int(_at(g.get("max_num_seqs"), concurrency, MAX_NUM_SEQS)),
                         int(g.get("long_prefill_token_threshold", 0)),
                         int(g.get("prefill_schedule_interval", 1)),
                         str(g.get("kernel_launch", KERNEL_LAUNCH)),
                         cpu_offload_gib=float(g.get("cpu_offload_gib", 0.0)),
-                        attention_backend=str(g.get("attention_backend", ATTENTION_BACKEND)))
+                        attention_backend=str(g.get("attention_backend", ATTENTION_BACKEND)),
+                        draft_attention_backend=str(g.get("draft_attention_backend",
+                                                          DRAFT_ATTENTION_BACKEND)))
 
 
 def deployment_label(g: dict) -> str:
