@@ -18,10 +18,12 @@ CASES = {
     # DeepSeek V4 Pro, one DEP4 prefill worker and one DEP8 decode worker on 12 GB300
     "1p1d": (("--arch", "deepseek-v4-pro", "--hardware", "gb300-nvl72", "--deployment",
               "1P[dp4-ep4]1D[dp8-ep8]", "--concurrency", "256"), ()),
-    # MiniMax M3 on 8 H200, TP8, 4 sessions on vLLM's Triton attention (InferenceX's AgentX
-    # launcher benchmarks/single_node/agentic/minimaxm3_fp8_h200_mtp.sh: TRITON_ATTN)
+    # MiniMax M3 on 8 H200, TP8, 4 sessions on vLLM's Triton attention, its drafter on
+    # FLASH_ATTN (InferenceX's AgentX launcher benchmarks/single_node/agentic/
+    # minimaxm3_fp8_h200_mtp.sh)
     "triton": (("--arch", "minimax-m3", "--hardware", "h200", "--deployment", "tp8-moetp8",
-                "--concurrency", "4", "--attention-backend", "triton"), ()),
+                "--concurrency", "4", "--attention-backend", "triton",
+                "--draft-attention-backend", "default"), ()),
 }
 FCFS = ("--long-prefill-token-threshold", "0", "--prefill-schedule-interval", "1")
 
@@ -46,6 +48,7 @@ def test_plan_deployment_reports_what_serve_reports(cli, case):
         assert key in p
     if "--attention-backend" in common:  # the setting reached the engines and their launch line
         assert p["deployment"]["engine"]["attention_backend"] == "triton"
+        assert p["deployment"]["engine"]["draft_attention_backend"] == "default"
         assert "--attention-backend TRITON_ATTN" in p["launch_commands"]["vllm"][-1]
 
 

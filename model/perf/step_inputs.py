@@ -15,6 +15,16 @@ CHOICES = {"kernel_launch": KERNEL_LAUNCH_MODES, "attention_backend": ATTENTION_
            "draft_attention_backend": DRAFT_ATTENTION_BACKENDS}
 
 
+def check_attention_flags(attention_backend: str, draft_attention_backend: str) -> None:
+    """The command line's --attention-backend and --draft-attention-backend, one error line
+    naming the flag where a value is not allowed."""
+    for flag, name, value in (("--attention-backend", "attention_backend", attention_backend),
+                              ("--draft-attention-backend", "draft_attention_backend",
+                               draft_attention_backend)):
+        if value not in CHOICES[name]:
+            raise ServecastError(f"{flag}: allowed {', '.join(CHOICES[name])}, got {value!r}")
+
+
 def check_choices(**named: str) -> None:
     """Each named engine setting among its allowed values (CHOICES)."""
     for name, value in named.items():

@@ -17,7 +17,7 @@ from model.serve.cache_replay import check_policy
 from model.serve.deployment import CacheChoice
 from model.serve.policy import EnginePolicy, frontend_rate_s_per_token
 from model.serve.request_mix import request_mix_for
-from model.specs.defaults import ATTENTION_BACKEND, MAX_NUM_BATCHED_TOKENS
+from model.specs.defaults import ATTENTION_BACKEND, DRAFT_ATTENTION_BACKEND, MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import ServecastError
 from model.specs.precision import with_precision
 from model.specs.recipes import SPEC_OFF, recipe_settings
@@ -47,6 +47,7 @@ class PlanInputs:
     cpu_offload_gib: float = 0.0  # weights per GPU each engine keeps in host memory
     frontend: str | None = None  # the request front end (Deployment.frontend)
     attention_backend: str = ATTENTION_BACKEND  # the engines' attention kernels (EnginePolicy)
+    draft_attention_backend: str = DRAFT_ATTENTION_BACKEND  # their drafters' (EnginePolicy)
 
     @property
     def cache_inputs(self):
@@ -111,15 +112,18 @@ def resolve_inputs(arch, hardware, workload, choices: ServingChoices = ServingCh
                    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
                    traffic: Traffic | None = None, cpu_offload_gib: float = 0.0,
                    frontend: str | None = None,
-                   attention_backend: str = ATTENTION_BACKEND) -> PlanInputs:
+                   attention_backend: str = ATTENTION_BACKEND,
+                   draft_attention_backend: str = DRAFT_ATTENTION_BACKEND) -> PlanInputs:
     """A plan's inputs: the serving setup plus the screening's traffic and cache inputs;
     `cpu_offload_gib`: weights per GPU each engine keeps in host memory (vLLM --cpu-offload-gb,
     in GiB); `frontend`: the request front end (model.specs.defaults.FRONTENDS);
-    `attention_backend`: the engines' attention kernels (model.specs.defaults.ATTENTION_BACKENDS)."""
+    `attention_backend` / `draft_attention_backend`: the engines' and their drafters' attention
+    kernels (model.specs.defaults.ATTENTION_BACKENDS, DRAFT_ATTENTION_BACKENDS)."""
     if int(max_num_batched_tokens) < 1:
         raise ServecastError(f"max_num_batched_tokens={max_num_batched_tokens}: must be >= 1")
     engine = EnginePolicy(cpu_offload_gib=cpu_offload_gib,
-                          attention_backend=attention_backend)  # validated
+                          attention_backend=attention_backend,
+                          draft_attention_backend=draft_attention_backend)  # validated
     frontend_rate_s_per_token(frontend)  # validated
     setup = setup_for(arch, hardware, workload, choices, prefill_hardware)
     a, w = setup.arch, setup.workload
@@ -131,7 +135,8 @@ def resolve_inputs(arch, hardware, workload, choices: ServingChoices = ServingCh
                       served_kv_bytes_per_token(a, setup.precision, setup.kv_dtype),
                       int(max_num_batched_tokens), setup,
                       workload_within_window(a, w, choices.allow_beyond_window),
-                      float(engine.cpu_offload_gib), frontend, engine.attention_backend)
+                      float(engine.cpu_offload_gib), frontend, engine.attention_backend,
+                      engine.draft_attention_backend)
 
 
 def workload_within_window(arch, workload, allow_beyond: bool = False) -> str | None:

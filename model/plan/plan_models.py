@@ -31,7 +31,7 @@ from model.perf.step_table import StepTable, step_grid
 from model.plan.search_cache import replica_capacities
 from model.plan.traffic import Keyed
 from model.specs.architecture import load_architecture
-from model.specs.defaults import ATTENTION_BACKEND, MAX_NUM_BATCHED_TOKENS
+from model.specs.defaults import ATTENTION_BACKEND, DRAFT_ATTENTION_BACKEND, MAX_NUM_BATCHED_TOKENS
 from model.specs.errors import Infeasible, ServecastError
 from model.specs.hardware import load_hardware
 from model.specs.precision import with_precision
@@ -92,13 +92,16 @@ def hardware_name(hw) -> str:
 def plan_models(arch, hw, sizes, phases, context_tokens: float, precision, kv_dtype,
                 chunk_tokens: int, max_dp: int, spec: Spec = SPEC_OFF,
                 only: tuple[ParallelPlan, ...] | None = None, cpu_offload_gib: float = 0.0,
-                attention_backend: str = ATTENTION_BACKEND) -> tuple[list[PlanModel], str]:
+                attention_backend: str = ATTENTION_BACKEND,
+                draft_attention_backend: str = DRAFT_ATTENTION_BACKEND
+                ) -> tuple[list[PlanModel], str]:
     """(a PlanModel for every valid plan of the replica sizes `sizes` and `phases`, the last
     reason a plan was left out). All tables share one grid, so aggregated and disaggregated
     candidates reuse them. `only`: these plans instead of the enumerated ones (normalized for
     the architecture and validated); `cpu_offload_gib`: weights per GPU each engine keeps in
-    host memory (vLLM --cpu-offload-gb, model.perf.host_weights); `attention_backend`: the
-    attention kernels the step models time (model.specs.defaults.ATTENTION_BACKENDS)."""
+    host memory (vLLM --cpu-offload-gb, model.perf.host_weights); `attention_backend` /
+    `draft_attention_backend`: the target's and the drafter's attention kernels the step models
+    time (model.specs.defaults.ATTENTION_BACKENDS, DRAFT_ATTENTION_BACKENDS)."""
     grid_top = float(max(GRID_PREFILL_TOKENS_PER_RANK, chunk_tokens) * max_dp)
     akey = Keyed.arch(arch)
     offload = float(cpu_offload_gib)
@@ -109,7 +112,7 @@ def plan_models(arch, hw, sizes, phases, context_tokens: float, precision, kv_dt
     for plan in dict.fromkeys(plans):
         model = _plan_model(akey, hw, plan, precision, kv_dtype, float(context_tokens),
                             int(chunk_tokens), grid_top, tuple(spec), offload,
-                            attention_backend)
+                            attention_backend, draft_attention_backend)
         if isinstance(model, str):
             rejected = model
         else:
@@ -142,7 +145,8 @@ def _listed_plans(arch: Keyed, hw, precision, plans) -> list[ParallelPlan]:
 @functools.lru_cache(maxsize=2048)
 def _plan_model(arch: Keyed, hw, plan: ParallelPlan, precision, kv_dtype, context_tokens: float,
                 chunk_tokens: int, grid_top: float, spec: Spec, cpu_offload_gib: float = 0.0,
-                attention_backend: str = ATTENTION_BACKEND) -> PlanModel | str:
+                attention_backend: str = ATTENTION_BACKEND,
+                draft_attention_backend: str = DRAFT_ATTENTION_BACKEND) -> PlanModel | str:
     """The plan's model, or the reason it cannot serve (a string)."""
     try:
         step = build_step_model(arch.value, hw, plan, precision=precision, kv_dtype=kv_dtype,
@@ -150,7 +154,8 @@ def _plan_model(arch: Keyed, hw, plan: ParallelPlan, precision, kv_dtype, contex
                                 spec_method=spec[2],
                                 cross_domain_tp=tp_crosses_domain(plan, hw),
                                 cpu_offload_gib=cpu_offload_gib,
-                                attention_backend=attention_backend)
+                                attention_backend=attention_backend,
+                                draft_attention_backend=draft_attention_backend)
     except Infeasible as err:
         return str(err)
     sized = with_precision(arch.value, precision)

@@ -75,6 +75,7 @@ from model.serve.deployment import DeploymentServing
 from model.specs.defaults import (
     ATTENTION_BACKEND,
     DEFAULT_API_MODEL,
+    DRAFT_ATTENTION_BACKEND,
     MAX_NUM_BATCHED_TOKENS,
     MODES,
 )
@@ -163,7 +164,8 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
          slo_p90_ttft_s: float | None = None, deployment: str | None = None,
          prefill_schedule_interval: int | None = None, pareto_points: int = 0,
          allow_beyond_window: bool = False, cpu_offload_gib: float = 0.0,
-         frontend: str | None = None, attention_backend: str = ATTENTION_BACKEND) -> PlanResult:
+         frontend: str | None = None, attention_backend: str = ATTENTION_BACKEND,
+         draft_attention_backend: str = DRAFT_ATTENTION_BACKEND) -> PlanResult:
     """Search deployments of `arch` on `gpus` x `hardware` for `workload`; the best under the SLO.
 
     `slo_p90_ttft_s`: also require P90 TTFT at most this;
@@ -190,8 +192,9 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
     engine keeps in host memory (vLLM --cpu-offload-gb, model.perf.host_weights): plans whose
     weights fit only then become candidates, each step reads them over the host link, and the
     KV pool takes the HBM they leave; `frontend`: the request front end the full tier puts before
-    the engines (Deployment.frontend; None: its tokenization alone); `attention_backend`: the
-    engines' attention kernels (model.specs.defaults.ATTENTION_BACKENDS)."""
+    the engines (Deployment.frontend; None: its tokenization alone); `attention_backend` /
+    `draft_attention_backend`: the engines' and their drafters' attention kernels
+    (model.specs.defaults.ATTENTION_BACKENDS, DRAFT_ATTENTION_BACKENDS)."""
     started = time.perf_counter()
     shape, gpus = _shape(deployment, gpus, modes)
     slo = _slo(slo_p90_interactivity, slo_p90_ttft_s, modes)
@@ -200,7 +203,7 @@ def plan(arch="deepseek-v4-pro", hardware="gb300-nvl72", gpus: int | None = 12,
                              allow_beyond_window=allow_beyond_window)
     inputs = resolve_inputs(arch, hardware, workload, choices, prefill_hardware,
                             max_num_batched_tokens, traffic, cpu_offload_gib, frontend,
-                            attention_backend)
+                            attention_backend, draft_attention_backend)
     modes = (shape.mode,) if shape is not None else tuple(modes)
     fixed = None if concurrency is None else tuple(sorted({int(c) for c in concurrency}))
     grid = fixed or session_grid(gpus)
@@ -297,7 +300,8 @@ def deployment_of(row: pd.Series, inputs: PlanInputs) -> Deployment:
               "long_prefill_token_threshold": int(row["threshold"]),
               "prefill_schedule_interval": int(row["interval"]),
               "cpu_offload_gib": float(row["_model"].step.cpu_offload_gib),
-              "attention_backend": row["_model"].step.attention_backend}
+              "attention_backend": row["_model"].step.attention_backend,
+              "draft_attention_backend": row["_model"].step.draft_attention_backend}
     if row["mode"] == "aggregated":
         pm = row["_model"]
         return Deployment(mode="aggregated", replica=PhaseConfig(

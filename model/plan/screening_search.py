@@ -285,7 +285,8 @@ def screen_candidates(inputs: PlanInputs, gpus: int, modes, concurrency, thresho
     ctx, chunk = inputs.traffic.mean_context_tokens, inputs.max_num_batched_tokens
     common = (inputs.precision, inputs.kv_dtype, chunk, gpus)
     offload = {"cpu_offload_gib": inputs.cpu_offload_gib,
-               "attention_backend": inputs.attention_backend}
+               "attention_backend": inputs.attention_backend,
+               "draft_attention_backend": inputs.draft_attention_backend}
     if "aggregated" in modes:
         # PCP replicates decode-side state, so it belongs to dedicated prefill workers (post)
         models, rejected = plan_models(inputs.arch, inputs.hardware, replica_sizes(gpus, True),

@@ -33,8 +33,13 @@ import numpy as np
 from model.perf.engine_factors import load_loop_factors
 from model.perf.parallel import ParallelPlan
 from model.perf.step import StepModel, build_step_model
+from model.perf.step_inputs import check_attention_flags
 from model.serve.closed_loop import SCHEDULER, EngineConfig, Protocol, closed_loop
-from model.specs.defaults import ATTENTION_BACKEND, ATTENTION_BACKENDS, MAX_NUM_BATCHED_TOKENS
+from model.specs.defaults import (
+    ATTENTION_BACKEND,
+    DRAFT_ATTENTION_BACKEND,
+    MAX_NUM_BATCHED_TOKENS,
+)
 from model.specs.dtypes import dtype
 from model.specs.errors import Infeasible, ServecastError
 
@@ -320,27 +325,28 @@ def estimate(arch, hw, plan: ParallelPlan, isl: int, osl: int, concurrency: int,
              cross_domain_tp: bool = False, spec_tokens: int = 0,
              spec_acceptance: float = 0.0, protocol: Protocol | None = None,
              engine: EngineConfig | None = None, cpu_offload_gib: float = 0.0,
-             attention_backend: str = ATTENTION_BACKEND) -> dict:
+             attention_backend: str = ATTENTION_BACKEND,
+             draft_attention_backend: str = DRAFT_ATTENTION_BACKEND) -> dict:
     """The `servecast estimate` contract: ttft_ms, tpot_ms, output/total tokens per s per GPU,
     memory_bytes_per_gpu, feasible, reason (+ mode, plans, optional per-op breakdown).
     `protocol`: the benchmark's rounds and length distribution (default: fixed lengths, the
     fitted number of rounds); `engine`: admission settings (`EngineConfig`; its
     max_num_batched_tokens, when set, replaces the argument); `cpu_offload_gib`: weights per GPU
     every engine keeps in host memory (vLLM --cpu-offload-gb, model.perf.host_weights);
-    `attention_backend`: the attention kernels (model.specs.defaults.ATTENTION_BACKENDS)."""
+    `attention_backend` / `draft_attention_backend`: the target's and the drafter's attention
+    kernels (model.specs.defaults.ATTENTION_BACKENDS, DRAFT_ATTENTION_BACKENDS)."""
     _check_inputs(isl, osl, concurrency, prefix_tokens, arrival, kv_dtype)
     if engine is not None and engine.max_num_batched_tokens:
         max_num_batched_tokens = int(engine.max_num_batched_tokens)
     if spec_tokens < 0 or not 0.0 <= spec_acceptance <= 1.0:
         raise ServecastError(f"--spec-tokens must be >= 0 and --spec-acceptance in [0, 1] "
                              f"(got {spec_tokens}, {spec_acceptance})")
-    if attention_backend not in ATTENTION_BACKENDS:
-        raise ServecastError(f"--attention-backend: allowed {', '.join(ATTENTION_BACKENDS)}, "
-                             f"got {attention_backend!r}")
+    check_attention_flags(attention_backend, draft_attention_backend)
     kw = dict(moe_precision=moe_precision, cross_domain_tp=cross_domain_tp,
               spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
               max_num_batched_tokens=max_num_batched_tokens, cpu_offload_gib=cpu_offload_gib,
-              attention_backend=attention_backend)
+              attention_backend=attention_backend,
+              draft_attention_backend=draft_attention_backend)
     try:
         if disagg is None:
             sm = build_step_model(arch, hw, plan, precision, kv_dtype, backend, **kw)

@@ -52,6 +52,9 @@ ATTENTION_DP_HELP = ("--tp counts every GPU and --dp of them run attention data-
 REDUNDANT_HELP = "redundant experts (EPLB): experts + N must divide by --ep"
 FRONTEND_HELP = ("the request front end: python (vLLM's OpenAI server, which also renders the chat "
                  "template), rust or dynamo; default: its tokenization alone")
+DRAFT_ATTENTION_HELP = ("the speculative drafter's attention kernels: same (as --attention-backend, "
+                        "vLLM's default), default or triton")
+
 
 
 def estimate_cmd(
@@ -97,6 +100,8 @@ def estimate_cmd(
     attention_backend: str = typer.Option(
         "default", "--attention-backend", help="default (the chip's own kernels) | triton "
         "(vLLM's TRITON_ATTN: a speculative verify step walks each context in one program)"),
+    draft_attention_backend: str = typer.Option(
+        "same", "--draft-attention-backend", help=DRAFT_ATTENTION_HELP),
     breakdown: bool = typer.Option(False, "--breakdown", help="per-op table and bottleneck"),
     allow_beyond_window: bool = typer.Option(
         False, "--allow-beyond-window", help="extrapolate past the model's context window "
@@ -132,7 +137,8 @@ def estimate_cmd(
                    backend=backend, breakdown=breakdown,
                    max_num_batched_tokens=max_num_batched_tokens, moe_precision=moe_precision,
                    arrival=arrival, spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
-                   cpu_offload_gib=float(cpu_offload_gb), attention_backend=attention_backend)
+                   cpu_offload_gib=float(cpu_offload_gb), attention_backend=attention_backend,
+                   draft_attention_backend=draft_attention_backend)
     out.pop("components", None)
     if beyond:
         out["assumptions"] = [beyond]

@@ -8,9 +8,8 @@ import typer
 
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit_plain, positive
-from model.frontends.cli.perf import FRONTEND_HELP
+from model.frontends.cli.perf import DRAFT_ATTENTION_HELP, FRONTEND_HELP
 from model.specs.defaults import (
-    ATTENTION_BACKENDS,
     DEFAULT_API_MODEL,
     DEFAULT_SCENARIO,
     MAX_NUM_BATCHED_TOKENS,
@@ -83,6 +82,8 @@ def register(app: typer.Typer) -> None:
         attention_backend: str = typer.Option(
             "default", "--attention-backend", help="default (the chip's own kernels) | triton "
             "(vLLM's TRITON_ATTN: a speculative verify step walks each context in one program)."),
+        draft_attention_backend: str = typer.Option(
+            "same", "--draft-attention-backend", help=DRAFT_ATTENTION_HELP),
         frontend: str = typer.Option(None, "--frontend", help=FRONTEND_HELP),
         allow_beyond_window: bool = typer.Option(
             False, "--allow-beyond-window", help="Serve workload requests past the model's "
@@ -103,15 +104,15 @@ def _plan_answer(arch: str, hardware: str, gpus: int | None, workload: str,
                  mode: str | None, prefill_hardware: str | None, precision: str | None,
                  kv_dtype: str | None, cache_policy: str, cache_tiers: str, api_model: str,
                  cost_basis: str, pareto: bool, cpu_offload_gb: float, attention_backend: str,
-                 frontend: str | None, allow_beyond_window: bool) -> dict:
+                 draft_attention_backend: str, frontend: str | None,
+                 allow_beyond_window: bool) -> dict:
     """The plan's answer (its contract, and the Pareto front with `pareto`) for the command's
     options."""
+    from model.perf.step_inputs import check_attention_flags
     from model.plan.planner import plan
     from model.specs.errors import ServecastError
 
-    if attention_backend not in ATTENTION_BACKENDS:
-        raise ServecastError(f"--attention-backend: allowed {', '.join(ATTENTION_BACKENDS)}, "
-                             f"got {attention_backend!r}")
+    check_attention_flags(attention_backend, draft_attention_backend)
     if mode is not None and mode not in MODES:
         raise ServecastError(f"--mode {mode!r}: allowed {', '.join(MODES)}")
     if prefill_hardware is not None and mode == "aggregated":
@@ -135,7 +136,8 @@ def _plan_answer(arch: str, hardware: str, gpus: int | None, workload: str,
                   max_num_batched_tokens=max_num_batched_tokens,
                   pareto_points=PARETO_POINTS if pareto else 0,
                   allow_beyond_window=allow_beyond_window, cpu_offload_gib=float(cpu_offload_gb),
-                  frontend=frontend, attention_backend=attention_backend)
+                  frontend=frontend, attention_backend=attention_backend,
+                  draft_attention_backend=draft_attention_backend)
     out = result.contract()
     if pareto:
         out["pareto"] = result.pareto.to_dict(orient="records")

@@ -9,9 +9,13 @@ import typer
 
 from model.frontends.cli.limits import readable_workload, require_nvme, within_session_cap
 from model.frontends.cli.output import emit, emit_plain, positive
-from model.frontends.cli.perf import ATTENTION_DP_HELP, FRONTEND_HELP, REDUNDANT_HELP
+from model.frontends.cli.perf import (
+    ATTENTION_DP_HELP,
+    DRAFT_ATTENTION_HELP,
+    FRONTEND_HELP,
+    REDUNDANT_HELP,
+)
 from model.specs.defaults import (
-    ATTENTION_BACKENDS,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     TURN_GAP_CAP_S,
@@ -116,6 +120,8 @@ def register(app: typer.Typer) -> None:
         attention_backend: str = typer.Option(
             "default", "--attention-backend", help="default (the chip's own kernels) | triton "
             "(vLLM's TRITON_ATTN: a speculative verify step walks each context in one program)"),
+        draft_attention_backend: str = typer.Option(
+            "same", "--draft-attention-backend", help=DRAFT_ATTENTION_HELP),
         frontend: str = typer.Option(None, "--frontend", help=FRONTEND_HELP),
         slo_p90_interactivity: float = typer.Option(
             None, "--slo-p90-interactivity", callback=positive,
@@ -166,7 +172,8 @@ def _serve_answer(arch: str, hardware: str, workload: str, concurrency: int | No
                   hit_rate: float | None, cache_policy: str, cache_tiers: str,
                   prefetch_reload: bool, infinite_cache: bool, long_prefill_token_threshold: int,
                   max_num_batched_tokens: int, max_num_seqs: int, prefill_schedule_interval: int,
-                  cpu_offload_gb: float, attention_backend: str, frontend: str | None,
+                  cpu_offload_gb: float, attention_backend: str,
+                  draft_attention_backend: str, frontend: str | None,
                   slo_p90_interactivity: float | None, precision: str | None,
                   kv_dtype: str | None, tp: int, pp: int, dp: int, ep: int, moe_tp: int | None,
                   dcp: int, pcp: int, attention_dp: bool, redundant_experts: int,
@@ -174,16 +181,16 @@ def _serve_answer(arch: str, hardware: str, workload: str, concurrency: int | No
                   gpus: int | None, prefill_hardware: str | None, recipe: bool,
                   simulate_s: float, seed: int, allow_beyond_window: bool) -> dict:
     """The serve command's answer for its options."""
+    from model.perf.step_inputs import check_attention_flags
     from model.serve.policy import EnginePolicy
     from model.specs.workload import load_workload
 
-    if attention_backend not in ATTENTION_BACKENDS:
-        raise ServecastError(f"--attention-backend: allowed {', '.join(ATTENTION_BACKENDS)}, "
-                             f"got {attention_backend!r}")
+    check_attention_flags(attention_backend, draft_attention_backend)
     w = load_workload(readable_workload(workload))
     policy = EnginePolicy(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
                           prefill_schedule_interval, cpu_offload_gib=float(cpu_offload_gb),
-                          attention_backend=attention_backend)
+                          attention_backend=attention_backend,
+                          draft_attention_backend=draft_attention_backend)
     load = _load(concurrency, rate, interarrival_cv, gap_cap_s, w)
     tiers = tuple(t.strip() for t in cache_tiers.split(",") if t.strip())
     cache = {"hit_rate": hit_rate, "infinite": infinite_cache, "policy": cache_policy,
